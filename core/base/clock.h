@@ -1,0 +1,25 @@
+#pragma once
+
+#include <chrono>
+
+namespace railshard {
+
+// All deadlines are on the monotonic clock: wall-clock jumps must not fire or stall them.
+using Clock = std::chrono::steady_clock;
+using Duration = std::chrono::nanoseconds;
+using Deadline = Clock::time_point;
+
+inline Deadline deadlineAfter(Duration timeout) { return Clock::now() + timeout; }
+
+inline double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+inline int millisUntil(Deadline deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(left);
+}
+
+}  // namespace railshard

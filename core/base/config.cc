@@ -1,0 +1,168 @@
+#include "core/base/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/base/error.h"
+
+extern char** environ;
+
+namespace railshard {
+
+long long parseInteger(const std::string& what, const std::string& value, long long min,
+                       long long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || errno != 0 || end == nullptr || *end != '\0') {
+    throw ConfigError(what + ": expected an integer, got '" + value + "'");
+  }
+  if (parsed < min || parsed > max) {
+    throw ConfigError(what + ": " + value + " is out of range [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
+  }
+  return parsed;
+}
+
+double parseSeconds(const std::string& what, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  const double parsed = std::strtod(value.c_str(), &end);
+  if (value.empty() || errno != 0 || end == nullptr || *end != '\0' || !std::isfinite(parsed) ||
+      parsed <= 0) {
+    throw ConfigError(what + ": expected a positive number of seconds, got '" + value + "'");
+  }
+  return parsed;
+}
+
+size_t parseBytes(const std::string& what, const std::string& value) {
+  if (value.empty()) throw ConfigError(what + ": expected a size in bytes, got ''");
+  size_t multiplier = 1;
+  std::string digits = value;
+  switch (value.back()) {
+    case 'K':
+    case 'k':
+      multiplier = size_t{1} << 10;
+      break;
+    case 'M':
+    case 'm':
+      multiplier = size_t{1} << 20;
+      break;
+    case 'G':
+    case 'g':
+      multiplier = size_t{1} << 30;
+      break;
+    default:
+      break;
+  }
+  if (multiplier != 1) digits.pop_back();
+  const long long base = parseInteger(what, digits, 1, 1LL << 40);
+  return static_cast<size_t>(base) * multiplier;
+}
+
+namespace {
+
+std::chrono::milliseconds toMillis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+}
+
+void ignore(Config&, const std::string&) {}
+
+}  // namespace
+
+const std::vector<Config::Variable>& Config::variables() {
+  static const std::vector<Variable> table = {
+      {"RAILSHARD_LOG_LEVEL", "warn",
+       "Log level: trace, debug, info, warn, error, critical or off.",
+       [](Config& c, const std::string& v) {
+         static const char* kLevels[] = {"trace", "debug", "info", "warn",
+                                         "error", "critical", "off"};
+         for (const char* level : kLevels) {
+           if (v == level) {
+             c.log_level = v;
+             return;
+           }
+         }
+         throw ConfigError("RAILSHARD_LOG_LEVEL: unknown level '" + v +
+                           "' (expected trace, debug, info, warn, error, critical or off)");
+       }},
+      {"RAILSHARD_TIMEOUT", "300",
+       "Deadline in seconds for every blocking wait inside a collective; a wait that passes it "
+       "raises TimeoutError naming the collective and the peer.",
+       [](Config& c, const std::string& v) {
+         c.timeout = toMillis(parseSeconds("RAILSHARD_TIMEOUT", v));
+       }},
+      {"RAILSHARD_CONNECT_TIMEOUT", "60",
+       "Deadline in seconds for start-up: reaching the store and connecting to every peer.",
+       [](Config& c, const std::string& v) {
+         c.connect_timeout = toMillis(parseSeconds("RAILSHARD_CONNECT_TIMEOUT", v));
+       }},
+      {"RAILSHARD_CHUNK_BYTES", "1M",
+       "Pipeline chunk of the ring algorithms (suffix K, M or G allowed).",
+       [](Config& c, const std::string& v) {
+         c.chunk_bytes = parseBytes("RAILSHARD_CHUNK_BYTES", v);
+       }},
+      {"RAILSHARD_TOKEN", "(set by the launcher)",
+       "Job token every store and data connection must present; railshard-launch makes a fresh "
+       "random one per job. Set the same value on every rank when starting ranks by hand.",
+       [](Config& c, const std::string& v) { c.token = v; }},
+      {"RAILSHARD_STORE_ADDR", "(set by the launcher)",
+       "host:port of the rendezvous store. Rank 0 hosts it there; the other ranks connect.",
+       [](Config& c, const std::string& v) { c.store_addr = v; }},
+      {"RAILSHARD_TRANSPORT", "auto", "Transport between ranks: auto or tcp.",
+       [](Config& c, const std::string& v) {
+         if (v != "auto" && v != "tcp") {
+           throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + v +
+                             "' (expected auto or tcp)");
+         }
+         c.transport = v;
+       }},
+      {"RAILSHARD_SOCKET_IFNAME", "(automatic)",
+       "Network interface whose IPv4 address this rank advertises to its peers (exact name or "
+       "prefix). By default the address this rank uses to reach the store.",
+       [](Config& c, const std::string& v) { c.socket_ifname = v; }},
+      {"RAILSHARD_RANK", "(set by the launcher)",
+       "This process's rank, 0 <= rank < RAILSHARD_WORLD_SIZE.", ignore},
+      {"RAILSHARD_WORLD_SIZE", "(set by the launcher)", "Number of ranks in the job.", ignore},
+      {"RAILSHARD_LOCAL_RANK", "(set by the launcher)",
+       "This process's index among the ranks on its host.", ignore},
+      {"RAILSHARD_STORE_FD", "(set by railshard-launch)",
+       "Internal: a listening socket railshard-launch hands to rank 0 so the store's port is "
+       "reserved without a race.",
+       ignore},
+  };
+  return table;
+}
+
+Config Config::fromEnvironment(const std::map<std::string, std::string>* env) {
+  std::map<std::string, std::string> process_env;
+  if (env == nullptr) {
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      const std::string text(*entry);
+      const auto eq = text.find('=');
+      if (eq != std::string::npos) process_env[text.substr(0, eq)] = text.substr(eq + 1);
+    }
+    env = &process_env;
+  }
+  Config config;
+  for (const auto& variable : variables()) {
+    auto it = env->find(variable.name);
+    if (it != env->end()) variable.apply(config, it->second);
+  }
+  return config;
+}
+
+std::string Config::describe() const {
+  std::ostringstream out;
+  out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
+      << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
+      << " chunk_bytes=" << chunk_bytes << " transport=" << transport
+      << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
+      << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
+      << " token=" << (token.empty() ? "none" : "set");
+  return out.str();
+}
+
+}  // namespace railshard

@@ -1,0 +1,50 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace railshard {
+
+// All tunables in one place. Filled from RAILSHARD_* environment variables (see
+// docs/configuration.md, which a test keeps in sync with variables()).
+struct Config {
+  std::string log_level = "warn";
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  size_t chunk_bytes = size_t{1} << 20;
+  std::string token;       // job token; empty only for in-process (thread) communicators
+  std::string store_addr;  // host:port of the rendezvous store
+  std::string transport = "auto";
+  std::string socket_ifname;  // interface (prefix) whose address peers connect to
+
+  // Reads every variable of variables() from `env` (the process environment when null).
+  // A malformed value is a ConfigError naming the variable and the value.
+  static Config fromEnvironment(const std::map<std::string, std::string>* env = nullptr);
+
+  struct Variable {
+    std::string name;
+    std::string default_value;
+    std::string doc;
+    // Parses `value` into `config`; throws ConfigError on a bad value.
+    std::function<void(Config& config, const std::string& value)> apply;
+  };
+  // The table behind fromEnvironment(), in documentation order. Variables that describe the
+  // launch (rank, world size, store address) are listed too, with apply doing what belongs
+  // in Config and the launcher reading the rest itself.
+  static const std::vector<Variable>& variables();
+
+  // "name=value" lines for the start-up debug log.
+  std::string describe() const;
+};
+
+// Parsers shared by Config and the launcher; each throws ConfigError naming `what`.
+long long parseInteger(const std::string& what, const std::string& value, long long min,
+                       long long max);
+double parseSeconds(const std::string& what, const std::string& value);
+size_t parseBytes(const std::string& what, const std::string& value);  // "4M", "512K", "1024"
+
+}  // namespace railshard

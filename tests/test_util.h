@@ -1,0 +1,35 @@
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace railshard::test {
+
+struct ProcessResult {
+  int exit_code = -1;  // valid when exited normally
+  int signal = 0;      // non-zero when killed by a signal
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+// Runs argv as a child process with `extra_env` added to this process's environment,
+// capturing stdout and stderr. Kills it (SIGKILL, whole process group) after `timeout`.
+ProcessResult runProcess(const std::vector<std::string>& argv,
+                         const std::map<std::string, std::string>& extra_env = {},
+                         std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// Runs fn(rank) on `size` threads and joins them; element r is rank r's exception (or null).
+std::vector<std::exception_ptr> runRanks(int size, const std::function<void(int rank)>& fn);
+
+// Rethrows the first non-null exception of runRanks' result.
+void rethrowFirst(const std::vector<std::exception_ptr>& errors);
+
+// A free TCP port on 127.0.0.1 at the time of the call.
+int freePort();
+
+}  // namespace railshard::test
