@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstddef>
+
+#include "core/base/types.h"
+#include "core/collectives/context.h"
+
+namespace railshard::collectives {
+
+// Each algorithm runs one collective on ctx.transport. Arguments are already validated by
+// the Communicator; every wait uses ctx.timeout.
+
+// Ring reduce-scatter + all-gather, pipelined in chunks; bandwidth-optimal for large counts.
+void ringAllreduce(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
+                   ReduceOp op);
+// send holds size * recv_count elements; rank r receives block r, reduced.
+void ringReduceScatter(const Context& ctx, const void* send, void* recv, size_t recv_count,
+                       DataType dtype, ReduceOp op);
+// recv receives size * send_count elements, block r from rank r.
+void ringAllgather(const Context& ctx, const void* send, void* recv, size_t send_count,
+                   DataType dtype);
+// Pipelined chain from the root: (size-1) hops of latency, one message's worth of bandwidth.
+void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count,
+                    DataType dtype, int root);
+// ceil(log2(size)) rounds of empty messages at distances 1, 2, 4, ...
+void disseminationBarrier(const Context& ctx);
+
+// Elements per ring segment processed at once: bounds workspace memory (two or four
+// segments) for any message size, at the cost of a pipeline refill per slice.
+size_t sliceSegmentElements(const Context& ctx, size_t element_size);
+
+}  // namespace railshard::collectives

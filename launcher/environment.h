@@ -1,0 +1,32 @@
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace railshard::launcher {
+
+// Who started this process, as read from its environment.
+enum class LaunchSource { kSingle, kRailshard, kMpirun, kSlurm, kTorchrun };
+std::string_view name(LaunchSource source);
+
+struct LaunchEnvironment {
+  LaunchSource source = LaunchSource::kSingle;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;      // ranks on this host, when the launcher says (mpirun)
+  std::string store_addr;  // host:port; empty under mpirun = exchange it through MPI
+  int store_fd = -1;       // listening socket handed to rank 0 by railshard-launch
+};
+
+// Reads, in this order: RAILSHARD_RANK/WORLD_SIZE (railshard-launch or by hand); mpirun's
+// OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK (PMIX_RANK cross-checked); Slurm's
+// SLURM_PROCID/NTASKS/LOCALID; torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT.
+// None of them: a single-rank world. A partial or contradictory environment is a ConfigError
+// that says what was found and what is missing.
+LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& env);
+
+// This process's environment as a map.
+std::map<std::string, std::string> processEnvironment();
+
+}  // namespace railshard::launcher

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace railshard::launcher {
+
+struct InterfaceAddress {
+  std::string name;     // "eth0"
+  std::string address;  // "10.0.0.2" or "fe80::1"
+  bool ipv6 = false;
+  bool up = false;
+  bool loopback = false;
+};
+
+// Addresses of this host's interfaces (getifaddrs), IPv4 first.
+std::vector<InterfaceAddress> listInterfaceAddresses();
+
+// The address of the first up interface that matches `spec` (NCCL_SOCKET_IFNAME syntax:
+// "eth" prefix, "=eth0" exact, "^docker" excludes; comma-separated). ConfigError naming the
+// interfaces that exist when none matches.
+std::string addressForInterface(const std::string& spec);
+
+// The local address the kernel would use to reach `host` (no packet is sent: a UDP socket is
+// "connected" and asked for its name). Loopback hosts give the loopback address.
+std::string sourceAddressFor(const std::string& host);
+
+// First up, non-loopback IPv4 address (skipping docker/veth bridges), else 127.0.0.1.
+std::string defaultHostAddress();
+
+}  // namespace railshard::launcher

@@ -1,0 +1,383 @@
+// Multi-rank tests: N ranks as threads of this process, each with its own Communicator and
+// progress thread, talking over real loopback TCP sockets; rendezvous via MemoryStore.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/base/error.h"
+#include "core/base/memory_store.h"
+#include "core/communicator.h"
+#include "tests/reference.h"
+#include "tests/test_util.h"
+
+namespace railshard {
+namespace {
+
+using test::expectedValue;
+using test::inputValue;
+using test::loadValue;
+using test::storeValue;
+
+const std::vector<DataType> kDataTypes = {DataType::kFloat32, DataType::kFloat64,
+                                          DataType::kFloat16, DataType::kBFloat16,
+                                          DataType::kInt32,   DataType::kInt64,
+                                          DataType::kUInt8};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kAvg};
+
+Config testConfig() {
+  Config config;
+  config.timeout = std::chrono::seconds(60);
+  config.connect_timeout = std::chrono::seconds(30);
+  config.chunk_bytes = 64 * 1024;  // several chunks and slices even at moderate counts
+  return config;
+}
+
+// Runs body(comm) on `size` ranks; returns each rank's exception (null when it succeeded).
+std::vector<std::exception_ptr> withRanks(int size, const std::function<void(Communicator&)>& body,
+                                          const std::function<void(int, Config&)>& tweak = {}) {
+  MemoryStore store;
+  return test::runRanks(size, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = size;
+    options.config = testConfig();
+    if (tweak) tweak(rank, options.config);
+    auto comm = Communicator::create(store, options);
+    body(*comm);
+  });
+}
+
+// Compares buffer against the reference; returns a description of the first few differences.
+std::string compare(const void* buffer, size_t count, int size, DataType dtype, ReduceOp op) {
+  std::string failures;
+  int reported = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double expected = expectedValue(size, i, dtype, op);
+    const double got = loadValue(buffer, i, dtype);
+    const double tolerance =
+        (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0.0;
+    if (std::fabs(got - expected) > tolerance && reported++ < 3) {
+      failures += " [" + std::to_string(i) + "] got " + std::to_string(got) + " expected " +
+                  std::to_string(expected) + ";";
+    }
+  }
+  return failures;
+}
+
+void fillInput(std::vector<uint8_t>& buffer, int rank, size_t count, DataType dtype, ReduceOp op) {
+  buffer.assign(std::max<size_t>(1, count * sizeOf(dtype)), 0);
+  for (size_t i = 0; i < count; ++i) storeValue(buffer.data(), i, dtype, inputValue(rank, i, dtype, op));
+}
+
+class AllreduceWorld : public ::testing::TestWithParam<int> {};
+
+// Every dtype x op x count, alternating in-place and out-of-place.
+TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
+  const int size = GetParam();
+  const std::vector<size_t> counts = {0, 1, 7, 1000, size_t{1} << 20};
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    std::vector<uint8_t> input;
+    std::vector<uint8_t> output;
+    int variant = 0;
+    for (size_t count : counts) {
+      for (DataType dtype : kDataTypes) {
+        for (ReduceOp op : kOps) {
+          fillInput(input, comm.rank(), count, dtype, op);
+          const bool in_place = (variant++ % 2) == 0;
+          if (in_place) {
+            comm.allreduce(input.data(), count, dtype, op);
+          } else {
+            output.assign(input.size(), 0xee);
+            comm.allreduce(input.data(), output.data(), count, dtype, op);
+          }
+          const std::string failures =
+              compare(in_place ? input.data() : output.data(), count, size, dtype, op);
+          if (!failures.empty()) {
+            throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
+                                     std::to_string(count) + " " + std::string(name(dtype)) + " " +
+                                     std::string(name(op)) + (in_place ? " in-place" : "") + ":" +
+                                     failures);
+          }
+        }
+      }
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceWorld, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+class CollectivesWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesWorld, ReduceScatterMatchesReference) {
+  const int size = GetParam();
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{100000}}) {
+      for (DataType dtype : kDataTypes) {
+        for (ReduceOp op : kOps) {
+          const size_t total = block * static_cast<size_t>(size);
+          std::vector<uint8_t> input;
+          fillInput(input, comm.rank(), total, dtype, op);
+          std::vector<uint8_t> output(std::max<size_t>(1, block * sizeOf(dtype)), 0xee);
+          const bool in_place = (block + static_cast<size_t>(dtype)) % 2 == 0;
+          void* result = in_place ? input.data() + comm.rank() * block * sizeOf(dtype) : output.data();
+          comm.reduceScatter(input.data(), result, block, dtype, op);
+          for (size_t i = 0; i < block; ++i) {
+            const size_t global = static_cast<size_t>(comm.rank()) * block + i;
+            const double expected = expectedValue(size, global, dtype, op);
+            const double got = loadValue(result, i, dtype);
+            const double tolerance =
+                (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0;
+            if (std::fabs(got - expected) > tolerance) {
+              throw std::runtime_error("reduce_scatter rank " + std::to_string(comm.rank()) +
+                                       " block " + std::to_string(block) + " " +
+                                       std::string(name(dtype)) + " " + std::string(name(op)) +
+                                       " element " + std::to_string(i) + ": got " +
+                                       std::to_string(got) + " expected " + std::to_string(expected));
+            }
+          }
+        }
+      }
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST_P(CollectivesWorld, AllgatherPlacesEveryRanksBlock) {
+  const int size = GetParam();
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{300000}}) {
+      for (DataType dtype : kDataTypes) {
+        const size_t element = sizeOf(dtype);
+        std::vector<uint8_t> mine(std::max<size_t>(1, block * element));
+        for (size_t i = 0; i < block; ++i) {
+          storeValue(mine.data(), i, dtype, inputValue(comm.rank(), i, dtype, ReduceOp::kMax));
+        }
+        std::vector<uint8_t> all(std::max<size_t>(1, block * element * static_cast<size_t>(size)), 0xee);
+        const bool in_place = block % 2 == 1;
+        if (in_place) {
+          std::memcpy(all.data() + comm.rank() * block * element, mine.data(), block * element);
+          comm.allgather(all.data() + comm.rank() * block * element, all.data(), block, dtype);
+        } else {
+          comm.allgather(mine.data(), all.data(), block, dtype);
+        }
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < block; ++i) {
+            const double expected = inputValue(r, i, dtype, ReduceOp::kMax);
+            const double got = loadValue(all.data(), static_cast<size_t>(r) * block + i, dtype);
+            if (got != expected) {
+              throw std::runtime_error("allgather block " + std::to_string(block) + " from rank " +
+                                       std::to_string(r) + " element " + std::to_string(i) +
+                                       ": got " + std::to_string(got));
+            }
+          }
+        }
+      }
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST_P(CollectivesWorld, BroadcastFromEveryRoot) {
+  const int size = GetParam();
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    for (int root = 0; root < size; ++root) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{200000}}) {
+        const DataType dtype = root % 2 == 0 ? DataType::kFloat32 : DataType::kInt64;
+        std::vector<uint8_t> buffer(std::max<size_t>(1, count * sizeOf(dtype)), 0);
+        if (comm.rank() == root) {
+          for (size_t i = 0; i < count; ++i) storeValue(buffer.data(), i, dtype, inputValue(root, i, dtype, ReduceOp::kMin));
+        }
+        std::vector<uint8_t> out(buffer.size(), 0xee);
+        const bool in_place = count % 2 == 0;
+        if (in_place) {
+          comm.broadcast(buffer.data(), count, dtype, root);
+        } else {
+          comm.broadcast(comm.rank() == root ? buffer.data() : nullptr, out.data(), count, dtype, root);
+        }
+        const void* result = in_place ? buffer.data() : out.data();
+        for (size_t i = 0; i < count; ++i) {
+          if (loadValue(result, i, dtype) != inputValue(root, i, dtype, ReduceOp::kMin)) {
+            throw std::runtime_error("broadcast root " + std::to_string(root) + " count " +
+                                     std::to_string(count) + " element " + std::to_string(i));
+          }
+        }
+      }
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST_P(CollectivesWorld, BarrierHoldsEveryoneUntilTheLastArrives) {
+  const int size = GetParam();
+  std::atomic<int> arrived{0};
+  std::atomic<int> early_leavers{0};
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    for (int round = 0; round < 5; ++round) {
+      if (comm.rank() == round % size) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      arrived.fetch_add(1);
+      comm.barrier();
+      if (arrived.load() < (round + 1) * size) early_leavers.fetch_add(1);
+      comm.barrier();  // nobody starts the next round before all checked this one
+    }
+  });
+  test::rethrowFirst(errors);
+  EXPECT_EQ(early_leavers.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesWorld, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+// Ranks disagree on the count: every rank raises MismatchError naming both sides and values.
+TEST(Mismatch, DifferentCountsRaiseMismatchErrorOnEveryRank) {
+  const int size = 4;
+  auto errors = withRanks(size, [&](Communicator& comm) {
+    const size_t count = comm.rank() == 2 ? 7 : 1000;
+    std::vector<float> data(count, 1.0f);
+    comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+  });
+  for (int r = 0; r < size; ++r) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[static_cast<size_t>(r)]);
+    } catch (const MismatchError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("count"), std::string::npos) << message;
+      EXPECT_NE(message.find("1000"), std::string::npos) << message;
+      EXPECT_NE(message.find("7"), std::string::npos) << message;
+      EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+    }
+  }
+}
+
+TEST(Mismatch, DifferentOpsAndCollectivesAreCaught) {
+  auto errors = withRanks(3, [&](Communicator& comm) {
+    std::vector<int32_t> data(10, 1);
+    comm.allreduce(data.data(), 10, DataType::kInt32, comm.rank() == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), MismatchError);
+  }
+  errors = withRanks(2, [&](Communicator& comm) {
+    std::vector<int32_t> data(10, 1);
+    if (comm.rank() == 0) {
+      comm.barrier();
+    } else {
+      comm.broadcast(data.data(), 10, DataType::kInt32, 0);
+    }
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const MismatchError& m) {
+      EXPECT_NE(std::string(m.what()).find("collective"), std::string::npos) << m.what();
+    }
+  }
+}
+
+TEST(Mismatch, BroadcastRootsThatDisagreeAreCaught) {
+  auto errors = withRanks(2, [&](Communicator& comm) {
+    std::vector<int32_t> data(10, comm.rank());
+    comm.broadcast(data.data(), 10, DataType::kInt32, comm.rank());  // each thinks it is root
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), MismatchError);
+  }
+}
+
+TEST(Timeout, MissingRankIsATimeoutNamingThePeerAndCollective) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = withRanks(
+      3,
+      [&](Communicator& comm) {
+        std::vector<float> data(100, 1.0f);
+        if (comm.rank() != 1) comm.allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum);
+        // rank 1 skips the collective and then closes its communicator
+        if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      },
+      [](int, Config& config) { config.timeout = std::chrono::milliseconds(500); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_FALSE(errors[1]);
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)]) << r;
+    try {
+      std::rethrow_exception(errors[static_cast<size_t>(r)]);
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce #0"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+TEST(PeerLost, PeerThatClosesMidCollectiveIsNamed) {
+  auto errors = withRanks(2, [&](Communicator& comm) {
+    std::vector<float> data(100, 1.0f);
+    if (comm.rank() == 0) comm.allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum);
+    // rank 1 returns at once: its communicator says goodbye while rank 0 waits
+  });
+  EXPECT_FALSE(errors[1]);
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Arguments, BadArgumentsRaiseInvalidArgument) {
+  auto errors = withRanks(2, [&](Communicator& comm) {
+    std::vector<float> data(4);
+    EXPECT_THROW(comm.allreduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum), InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), 4, static_cast<DataType>(42), ReduceOp::kSum), InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), 4, DataType::kFloat32, static_cast<ReduceOp>(9)), InvalidArgument);
+    EXPECT_THROW(comm.broadcast(data.data(), 4, DataType::kFloat32, 2), InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), ~size_t{0} / 2, DataType::kFloat32, ReduceOp::kSum), InvalidArgument);
+    // After argument errors (raised before anything was sent) the communicator still works.
+    comm.allreduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    comm.allreduce(nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST(Token, PeerWithWrongTokenIsRefused) {
+  auto errors = withRanks(
+      2, [&](Communicator&) {},
+      [](int rank, Config& config) {
+        config.token = rank == 0 ? "right-token" : "wrong-token";
+        config.connect_timeout = std::chrono::seconds(2);
+      });
+  ASSERT_TRUE(errors[0]);
+  ASSERT_TRUE(errors[1]);
+  EXPECT_THROW(std::rethrow_exception(errors[0]), TimeoutError);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sequence, ManySmallCollectivesInARowStayInStep) {
+  auto errors = withRanks(4, [&](Communicator& comm) {
+    for (int i = 0; i < 500; ++i) {
+      int64_t value = comm.rank() + i;
+      comm.allreduce(&value, 1, DataType::kInt64, ReduceOp::kSum);
+      const int64_t expected = 0 + 1 + 2 + 3 + 4 * i;
+      if (value != expected) throw std::runtime_error("iteration " + std::to_string(i));
+    }
+    EXPECT_EQ(comm.sequence(), 500u);
+  });
+  test::rethrowFirst(errors);
+}
+
+}  // namespace
+}  // namespace railshard

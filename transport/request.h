@@ -1,0 +1,37 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+
+#include "transport/message_tag.h"
+
+namespace railshard::transport {
+
+// One posted send or receive. Completed by the transport's progress engine; waited on through
+// Transport::wait(). Shared between the poster and the engine, hence shared_ptr.
+class Request {
+ public:
+  enum class Kind : uint8_t { kSend, kRecv };
+  Request(Kind kind, int peer, size_t bytes, const MessageTag& tag)
+      : kind_(kind), peer_(peer), bytes_(bytes), tag_(tag) {}
+  virtual ~Request() = default;
+
+  Kind kind() const { return kind_; }
+  int peer() const { return peer_; }
+  size_t bytes() const { return bytes_; }
+  const MessageTag& tag() const { return tag_; }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  void markDone() { done_.store(true, std::memory_order_release); }
+
+ private:
+  Kind kind_;
+  int peer_;
+  size_t bytes_;
+  MessageTag tag_;
+  std::atomic<bool> done_{false};
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+}  // namespace railshard::transport

@@ -1,0 +1,61 @@
+#include "transport/tcp/frame.h"
+
+namespace railshard::transport::tcp {
+
+void validateFrameHeader(const FrameHeader& header) {
+  if (header.magic != kFrameMagic) {
+    throw ProtocolError("bad frame magic 0x" + [&] {
+      char buf[16];
+      std::snprintf(buf, sizeof(buf), "%08x", header.magic);
+      return std::string(buf);
+    }());
+  }
+  switch (static_cast<FrameKind>(header.kind)) {
+    case FrameKind::kData:
+      return;
+    case FrameKind::kAbort:
+      if (header.payload_bytes > kMaxAbortMessage) {
+        throw ProtocolError("abort frame of " + std::to_string(header.payload_bytes) +
+                            " bytes exceeds the limit of " + std::to_string(kMaxAbortMessage));
+      }
+      if (header.error_kind > static_cast<uint8_t>(ErrorKind::kProtocol)) {
+        throw ProtocolError("abort frame with unknown error kind " +
+                            std::to_string(header.error_kind));
+      }
+      return;
+    case FrameKind::kBye:
+      if (header.payload_bytes != 0) throw ProtocolError("bye frame with a payload");
+      return;
+  }
+  throw ProtocolError("unknown frame kind " + std::to_string(header.kind));
+}
+
+bool constantTimeEquals(const std::string& a, const std::string& b) {
+  // Length is not secret; the bytes are.
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+std::string checkHello(const Hello& hello, const std::string& token_received,
+                       const std::string& expected_token, int my_rank, int world_size) {
+  if (hello.magic != kHelloMagic) return "not a railshard connection (bad magic)";
+  if (hello.version != kWireVersion) {
+    return "wire version " + std::to_string(hello.version) + ", expected " +
+           std::to_string(kWireVersion);
+  }
+  if (!constantTimeEquals(token_received, expected_token)) return "wrong job token";
+  if (static_cast<int>(hello.world_size) != world_size) {
+    return "world size " + std::to_string(hello.world_size) + ", expected " +
+           std::to_string(world_size);
+  }
+  if (static_cast<int>(hello.rank) <= my_rank || static_cast<int>(hello.rank) >= world_size) {
+    return "unexpected rank " + std::to_string(hello.rank);
+  }
+  return "";
+}
+
+}  // namespace railshard::transport::tcp

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/base/error.h"
+#include "transport/message_tag.h"
+
+namespace railshard::transport::tcp {
+
+inline constexpr uint32_t kFrameMagic = 0x52534652;  // "RSFR"
+inline constexpr uint32_t kHelloMagic = 0x5253484c;  // "RSHL"
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kMaxAbortMessage = 16 * 1024;
+inline constexpr size_t kMaxToken = 1024;
+
+enum class FrameKind : uint8_t {
+  kData = 1,   // payload = user bytes
+  kAbort = 2,  // payload = error message; error_kind says which exception to raise
+  kBye = 3,    // graceful close: no more frames follow
+};
+
+// Precedes every message on a data connection. Fixed size, host byte order (all ranks of a
+// job run the same build on the same architecture; the hello checks the magic, which catches
+// a byte-order mismatch).
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t kind = 0;
+  uint8_t error_kind = 0;
+  uint16_t reserved = 0;
+  uint64_t payload_bytes = 0;
+  MessageTag tag;
+};
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+
+// Checks magic, kind and size limits before anything is allocated or written; ProtocolError
+// with the reason otherwise.
+void validateFrameHeader(const FrameHeader& header);
+
+// First bytes on every data connection: who is connecting, and the job token.
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint16_t version = kWireVersion;
+  uint16_t token_bytes = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+};
+static_assert(sizeof(Hello) == 16, "Hello is part of the wire format");
+
+// Accepting side's check of a hello (token compared in constant time). Returns an empty
+// string when acceptable, else the reason to refuse.
+std::string checkHello(const Hello& hello, const std::string& token_received,
+                       const std::string& expected_token, int my_rank, int world_size);
+
+bool constantTimeEquals(const std::string& a, const std::string& b);
+
+}  // namespace railshard::transport::tcp
