@@ -22,7 +22,9 @@ class Request {
   size_t bytes() const { return bytes_; }
   const MessageTag& tag() const { return tag_; }
   bool done() const { return done_.load(std::memory_order_acquire); }
-  void markDone() { done_.store(true, std::memory_order_release); }
+  // seq_cst, not release: the completer then reads the waiter count, and a release store may
+  // be reordered after that load (x86 store buffer), losing the wake-up.
+  void markDone() { done_.store(true, std::memory_order_seq_cst); }
 
  private:
   Kind kind_;

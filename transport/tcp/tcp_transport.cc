@@ -70,6 +70,7 @@ struct TcpTransport::Peer {
   std::deque<std::shared_ptr<RecvOp>> recvs;
   std::deque<std::shared_ptr<Staged>> staged;
   bool bye_received = false;
+  bool read_closed = false;  // peer half-closed after its goodbye; we may still write
   bool lost = false;
 
   // Reader state: touched by the progress thread only.
@@ -212,6 +213,7 @@ void TcpTransport::connectMesh(Store& store) {
 }
 
 TcpTransport::~TcpTransport() {
+  closing_.store(true);
   if (progress_.joinable()) {
     if (!failed_.load()) sendByes();
     // Let queued frames (goodbyes, or abort messages after a failure) go out, then half-close
@@ -235,7 +237,7 @@ TcpTransport::~TcpTransport() {
       if (peer->fd.valid()) ::shutdown(peer->fd.get(), SHUT_WR);
     }
     while (Clock::now() < until &&
-           !allDone([](Peer& p) { return p.lost || !p.fd.valid() || p.bye_received; })) {
+           !allDone([](Peer& p) { return p.lost || p.read_closed || p.bye_received; })) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     stopping_.store(true);
@@ -709,9 +711,13 @@ void TcpTransport::onPayloadComplete(Peer& peer) {
   peer.in_payload = false;
   peer.header_got = 0;
   if (static_cast<FrameKind>(peer.header.kind) == FrameKind::kAbort) {
+    // Forward it (tell_peers): a rank that fails only closes its connections after its own
+    // abort frames, so every peer reads an abort before it sees that rank's connection end.
+    const bool tagged = peer.abort_text.find("[reported by rank") != std::string::npos;
     fail(makeError(static_cast<ErrorKind>(peer.header.error_kind),
-                   peer.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
-         false);
+                   tagged ? peer.abort_text
+                          : peer.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
+         true);
     return;
   }
   if (peer.target_op) {
@@ -738,15 +744,19 @@ void TcpTransport::onConnectionLost(Peer& peer, const std::string& reason) {
   bool pending;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    peer.lost = true;
     graceful = peer.bye_received;
     pending = !peer.recvs.empty() || !peer.sends.empty();
-    if (peer.fd.valid()) {
-      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
+    if (peer.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
+    if (graceful && !pending) {
+      // The peer said goodbye and half-closed; it is lingering for our goodbye, so the
+      // socket stays open for writing until we close ourselves.
+      peer.read_closed = true;
+    } else {
+      peer.lost = true;
       peer.fd.reset();
     }
   }
-  if (stopping_.load() || (graceful && !pending)) {
+  if (closing_.load() || (graceful && !pending)) {
     RS_LOG_DEBUG("rank {}: connection to rank {} closed", options_.rank, peer.rank);
     return;
   }

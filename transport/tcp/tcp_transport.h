@@ -88,7 +88,8 @@ class TcpTransport : public Transport {
   Fd wake_fd_;
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
   std::thread progress_;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> closing_{false};   // destructor running: a peer leaving is expected
+  std::atomic<bool> stopping_{false};  // progress thread must exit
 
   // Completion and failure signalling to waiters.
   mutable std::mutex state_mutex_;

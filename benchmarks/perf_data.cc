@@ -1,0 +1,109 @@
+#include "benchmarks/perf_data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/half.h"
+
+namespace railshard::bench {
+namespace {
+
+double value(int rank, size_t i, DataType dtype, ReduceOp op) {
+  const bool is_unsigned = dtype == DataType::kUInt8;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return static_cast<double>((static_cast<size_t>(rank) * 5 + i) % 7) - (is_unsigned ? 0 : 3);
+    case ReduceOp::kProd:
+      return ((static_cast<size_t>(rank) + i) % 3 == 0) ? (is_unsigned ? 2 : -1) : 1;
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      return static_cast<double>((static_cast<size_t>(rank) * 11 + i * 3) % 13) - (is_unsigned ? 0 : 6);
+  }
+  return 0;
+}
+
+void store(void* buffer, size_t i, DataType dtype, double v) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      static_cast<float*>(buffer)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(buffer)[i] = v;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(buffer)[i] = kernels::floatToHalf(static_cast<float>(v));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(buffer)[i] = kernels::floatToBf16(static_cast<float>(v));
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(buffer)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(buffer)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(buffer)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff);
+      break;
+  }
+}
+
+double load(const void* buffer, size_t i, DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return static_cast<const float*>(buffer)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(buffer)[i];
+    case DataType::kFloat16:
+      return kernels::halfToFloat(static_cast<const uint16_t*>(buffer)[i]);
+    case DataType::kBFloat16:
+      return kernels::bf16ToFloat(static_cast<const uint16_t*>(buffer)[i]);
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(buffer)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(buffer)[i]);
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(buffer)[i];
+  }
+  return 0;
+}
+
+bool isFloat(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64 ||
+         dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+}
+
+}  // namespace
+
+void fillInput(void* buffer, size_t count, DataType dtype, ReduceOp op, int rank) {
+  for (size_t i = 0; i < count; ++i) store(buffer, i, dtype, value(rank, i, dtype, op));
+}
+
+size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op, int size) {
+  size_t wrong = 0;
+  uint8_t cell[8];
+  for (size_t i = 0; i < count; ++i) {
+    double acc = value(0, i, dtype, op);
+    for (int r = 1; r < size; ++r) {
+      const double v = value(r, i, dtype, op);
+      if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
+      if (op == ReduceOp::kProd) acc *= v;
+      if (op == ReduceOp::kMin) acc = std::min(acc, v);
+      if (op == ReduceOp::kMax) acc = std::max(acc, v);
+    }
+    if (dtype == DataType::kUInt8) acc = static_cast<double>(static_cast<int64_t>(acc) & 0xff);
+    if (op == ReduceOp::kAvg) {
+      acc = isFloat(dtype) ? acc / size : static_cast<double>(static_cast<int64_t>(acc) / size);
+    }
+    store(cell, 0, dtype, acc);
+    const double expected = load(cell, 0, dtype);
+    const double got = load(result, i, dtype);
+    const double tolerance = (op == ReduceOp::kAvg && isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0;
+    if (!(std::fabs(got - expected) <= tolerance)) ++wrong;
+  }
+  return wrong;
+}
+
+}  // namespace railshard::bench

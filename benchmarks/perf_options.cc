@@ -1,0 +1,122 @@
+#include "benchmarks/perf_options.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "core/base/error.h"
+
+namespace railshard::bench {
+
+size_t parseSize(const std::string& option, const std::string& value) {
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  if (value.empty() || end == value.c_str() || number < 0) {
+    throw InvalidArgument(option + ": expected a size like 8, 64K, 32M or 1G, got '" + value + "'");
+  }
+  double multiplier = 1;
+  const std::string suffix(end);
+  if (suffix == "K" || suffix == "k") {
+    multiplier = 1024.0;
+  } else if (suffix == "M" || suffix == "m") {
+    multiplier = 1024.0 * 1024;
+  } else if (suffix == "G" || suffix == "g") {
+    multiplier = 1024.0 * 1024 * 1024;
+  } else if (!suffix.empty()) {
+    throw InvalidArgument(option + ": unknown size suffix '" + suffix + "' in '" + value + "'");
+  }
+  return static_cast<size_t>(number * multiplier);
+}
+
+namespace {
+
+int parseInt(const std::string& option, const std::string& value, int min, int max) {
+  char* end = nullptr;
+  const long number = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || number < min || number > max) {
+    throw InvalidArgument(option + ": expected an integer in [" + std::to_string(min) + ", " +
+                          std::to_string(max) + "], got '" + value + "'");
+  }
+  return static_cast<int>(number);
+}
+
+}  // namespace
+
+std::string perfUsage() {
+  return "usage: allreduce_perf [options]\n"
+         "  -b, --minbytes SIZE    smallest message (default 32M; suffixes K, M, G)\n"
+         "  -e, --maxbytes SIZE    largest message (default 32M)\n"
+         "  -i, --stepbytes SIZE   additive step between sizes (default 1M)\n"
+         "  -f, --stepfactor F     multiplicative step between sizes (overrides -i)\n"
+         "  -n, --iters N          timed iterations per size (default 20)\n"
+         "  -w, --warmup_iters N   untimed iterations per size (default 5)\n"
+         "  -c, --check 0|1        validate results (default 1)\n"
+         "  -d, --datatype T       float, double, half, bfloat16, int32, int64, uint8 (default float)\n"
+         "  -o, --op OP            sum, prod, min, max, avg (default sum)\n"
+         "  -a, --average 0..3     report rank 0's (0), mean (1), min (2) or max (3) time\n"
+         "  -h, --help\n"
+         "Run under railshard-launch, mpirun, srun or torchrun; rank 0 prints the table.\n";
+}
+
+PerfOptions parsePerfOptions(int argc, char** argv) {
+  PerfOptions options;
+  bool step_factor_set = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      options.help = true;
+      continue;
+    }
+    std::string key = arg;
+    std::string value;
+    const auto eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else {
+      if (i + 1 >= argc) throw InvalidArgument(arg + ": missing value");
+      value = argv[++i];
+    }
+    if (key == "-b" || key == "--minbytes") {
+      options.min_bytes = parseSize(key, value);
+    } else if (key == "-e" || key == "--maxbytes") {
+      options.max_bytes = parseSize(key, value);
+    } else if (key == "-i" || key == "--stepbytes") {
+      options.step_bytes = parseSize(key, value);
+    } else if (key == "-f" || key == "--stepfactor") {
+      char* end = nullptr;
+      options.step_factor = std::strtod(value.c_str(), &end);
+      if (*end != '\0' || options.step_factor <= 1) {
+        throw InvalidArgument(key + ": expected a factor > 1, got '" + value + "'");
+      }
+      step_factor_set = true;
+    } else if (key == "-n" || key == "--iters") {
+      options.iters = parseInt(key, value, 1, 1 << 24);
+    } else if (key == "-w" || key == "--warmup_iters") {
+      options.warmup_iters = parseInt(key, value, 0, 1 << 24);
+    } else if (key == "-c" || key == "--check") {
+      options.check = parseInt(key, value, 0, 1) == 1;
+    } else if (key == "-d" || key == "--datatype") {
+      const auto dtype = parseDataType(value);
+      if (!dtype) throw InvalidArgument(key + ": unknown datatype '" + value + "'");
+      options.dtype = *dtype;
+    } else if (key == "-o" || key == "--op") {
+      const auto op = parseReduceOp(value);
+      if (!op) throw InvalidArgument(key + ": unknown op '" + value + "'");
+      options.op = *op;
+    } else if (key == "-a" || key == "--average") {
+      options.average = parseInt(key, value, 0, 3);
+    } else {
+      throw InvalidArgument("unknown option '" + arg + "'\n" + perfUsage());
+    }
+  }
+  if (!step_factor_set && options.step_bytes == 0) {
+    throw InvalidArgument("-i: step must be > 0");
+  }
+  if (options.max_bytes < options.min_bytes) {
+    throw InvalidArgument("-e " + std::to_string(options.max_bytes) + " is smaller than -b " +
+                          std::to_string(options.min_bytes));
+  }
+  return options;
+}
+
+}  // namespace railshard::bench

@@ -1,0 +1,53 @@
+#include "launcher/line_prefixer.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace railshard::launcher {
+
+LinePrefixer::LinePrefixer(std::string prefix, size_t max_line)
+    : prefix_(std::move(prefix)), max_line_(std::max<size_t>(max_line, 1)) {}
+
+void LinePrefixer::emitLine(std::string_view line, std::string& out) const {
+  out.append(prefix_);
+  out.append(line);
+  out.push_back('\n');
+}
+
+void LinePrefixer::feed(std::string_view data, std::string& out) {
+  while (!data.empty()) {
+    const size_t newline = data.find('\n');
+    if (newline == std::string_view::npos) {
+      pending_.append(data);
+      // Over-long line: cut it in max_line_-sized pieces, keeping the remainder pending.
+      size_t cut = 0;
+      while (pending_.size() - cut > max_line_) {
+        emitLine(std::string_view(pending_).substr(cut, max_line_), out);
+        cut += max_line_;
+      }
+      pending_.erase(0, cut);
+      return;
+    }
+    const std::string_view head = data.substr(0, newline);
+    if (pending_.empty()) {
+      emitLine(head, out);  // common case: no copy through pending_
+    } else {
+      pending_.append(head);
+      emitLine(pending_, out);
+      pending_.clear();
+    }
+    data.remove_prefix(newline + 1);
+  }
+}
+
+void LinePrefixer::finish(std::string& out) {
+  if (pending_.empty()) return;
+  if (prefix_.empty()) {
+    out.append(pending_);
+  } else {
+    emitLine(pending_, out);
+  }
+  pending_.clear();
+}
+
+}  // namespace railshard::launcher

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace railshard::launcher {
+
+// Cuts one output stream of one rank into whole lines and puts a prefix ("[3] ") before each.
+// The launcher writes only whole lines, so lines of different ranks never interleave mid-line
+// even though every rank writes whenever it likes.
+class LinePrefixer {
+ public:
+  // A line that grows past `max_line` bytes without a newline is emitted anyway (as if it
+  // ended there) so that one rank printing without newlines cannot grow memory without bound.
+  // An empty `prefix` still buffers whole lines but adds nothing to them.
+  explicit LinePrefixer(std::string prefix, size_t max_line = size_t{64} << 10);
+
+  // Consumes `data` and appends every line it completes, prefixed and ending in '\n', to `out`.
+  void feed(std::string_view data, std::string& out);
+
+  // End of the stream: appends the unterminated last line, if any. With a prefix it gets a
+  // '\n' so that the next line from another rank starts on a line of its own; without one the
+  // bytes go out unchanged.
+  void finish(std::string& out);
+
+  bool hasPending() const { return !pending_.empty(); }
+
+ private:
+  void emitLine(std::string_view line, std::string& out) const;
+
+  std::string prefix_;
+  size_t max_line_;
+  std::string pending_;  // the current line's bytes so far (no newline yet)
+};
+
+}  // namespace railshard::launcher

@@ -1,0 +1,387 @@
+#include "launcher/local_job.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+#include "core/base/error.h"
+#include "launcher/job_token.h"
+#include "launcher/line_prefixer.h"
+#include "launcher/process_group.h"
+#include "transport/tcp/socket.h"
+
+extern char** environ;
+
+namespace railshard::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::tcp::Fd;
+
+constexpr const char* kLaunchVariables[] = {
+    "RAILSHARD_RANK",       "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
+    "RAILSHARD_STORE_ADDR", "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
+};
+
+// Blocks the signals the launcher waits for and delivers them through a signalfd, so that one
+// poll() loop sees rank output, rank exits and Ctrl-C alike. Restores the old mask on exit.
+class SignalCatcher {
+ public:
+  SignalCatcher() {
+    sigset_t blocked;
+    sigemptyset(&blocked);
+    for (const int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) sigaddset(&blocked, sig);
+    if (::pthread_sigmask(SIG_BLOCK, &blocked, &old_mask_) != 0) {
+      throw Error("cannot block signals for the launcher");
+    }
+    // SIGPIPE stays blocked but is not read: a closed stdout makes write() fail with EPIPE
+    // and the launcher drops that stream instead of dying and taking the ranks with it.
+    sigset_t caught = blocked;
+    sigdelset(&caught, SIGPIPE);
+    fd_ = ::signalfd(-1, &caught, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (fd_ < 0) {
+      const int err = errno;
+      ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+      throw Error(std::string("signalfd: ") + std::strerror(err));
+    }
+    // A launcher started with SIGCHLD ignored (some supervisors do that) would have its ranks
+    // reaped by the kernel, and their exit statuses lost, unless the default comes back.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    ::sigaction(SIGCHLD, &default_action, &old_sigchld_);
+  }
+
+  ~SignalCatcher() {
+    ::close(fd_);
+    // A SIGPIPE left pending would kill the launcher the moment it is unblocked.
+    sigset_t pipe_only;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&pipe_only, nullptr, &zero) == SIGPIPE) {
+    }
+    ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+
+  SignalCatcher(const SignalCatcher&) = delete;
+  SignalCatcher& operator=(const SignalCatcher&) = delete;
+
+  int fd() const { return fd_; }
+
+  // Every signal received since the last call, in order.
+  std::vector<int> take() {
+    std::vector<int> signals;
+    signalfd_siginfo info;
+    while (::read(fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+      signals.push_back(static_cast<int>(info.ssi_signo));
+    }
+    return signals;
+  }
+
+ private:
+  int fd_ = -1;
+  sigset_t old_mask_{};
+  struct sigaction old_sigchld_ {};
+};
+
+// A destination for forwarded output; after EPIPE (nobody reads any more) output is dropped.
+struct Sink {
+  int fd;
+  bool broken = false;
+
+  void write(const std::string& data) {
+    size_t done = 0;
+    while (!broken && done < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, 100);
+        continue;
+      }
+      if (n <= 0) {
+        broken = true;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+};
+
+// One output stream (stdout or stderr) of one rank.
+struct Stream {
+  Fd fd;
+  LinePrefixer prefixer;
+  Sink* sink;
+};
+
+// Reads what is available on `stream` and forwards its whole lines; false at end of stream.
+bool pump(Stream& stream) {
+  char buffer[65536];
+  std::string lines;
+  const ssize_t n = ::read(stream.fd.get(), buffer, sizeof(buffer));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) {
+    stream.prefixer.finish(lines);
+    stream.sink->write(lines);
+    stream.fd.reset();
+    return false;
+  }
+  stream.prefixer.feed(std::string_view(buffer, static_cast<size_t>(n)), lines);
+  stream.sink->write(lines);
+  return true;
+}
+
+// After every rank has been reaped its output is complete in the pipe, but a background
+// process it left behind may still hold the pipe open: read what is there and stop.
+void drain(Stream& stream) {
+  for (int reads = 0; stream.fd.valid() && reads < 1024; ++reads) {
+    pollfd p{stream.fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+    pump(stream);
+  }
+  if (stream.fd.valid()) {
+    std::string lines;
+    stream.prefixer.finish(lines);
+    stream.sink->write(lines);
+    stream.fd.reset();
+  }
+}
+
+// The address the ranks should dial: the bound one, except that a wildcard address (the
+// socket listens everywhere) is not something to connect to; ranks are local, use loopback.
+std::string advertisedAddress(int listen_fd) {
+  transport::tcp::SockAddr addr = transport::tcp::localAddress(listen_fd);
+  if (addr.storage.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&addr.storage);
+    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else if (addr.storage.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&addr.storage);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) in6->sin6_addr = in6addr_loopback;
+  }
+  return addr.toString();
+}
+
+Fd listenForStore(const std::string& host, uint16_t port) {
+  // A bare IPv6 literal ("::1") needs brackets to be told apart from its port.
+  const bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  const std::string host_port = (bare_ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  Fd listener = transport::tcp::listenOn(transport::tcp::resolve(host_port, "--store-host"));
+  // Keep it off 0-2, which become each rank's stdio; inherited at this number by rank 0.
+  if (listener.get() <= STDERR_FILENO) {
+    Fd moved(::fcntl(listener.get(), F_DUPFD_CLOEXEC, STDERR_FILENO + 1));
+    if (!moved.valid()) throw Error(std::string("fcntl: ") + std::strerror(errno));
+    listener = std::move(moved);
+  }
+  return listener;
+}
+
+std::string seconds(std::chrono::milliseconds duration) {
+  std::ostringstream text;
+  text << std::chrono::duration<double>(duration).count() << " s";
+  return text.str();
+}
+
+std::string plural(size_t count, const std::string& noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
+// The supervision state machine; see runLocalJob().
+class Supervisor {
+ public:
+  Supervisor(const LocalJobOptions& options, ProcessGroup& ranks)
+      : options_(options), ranks_(ranks) {}
+
+  void onRankEnded(size_t rank) {
+    const ExitStatus& status = *ranks_.status(rank);
+    // Only the first failure is news; ranks failing while being stopped are its echo.
+    if (status.success() || stopping_) return;
+    exit_status_ = status.shellStatus();
+    std::string line = "rank " + std::to_string(rank) + " (pid " +
+                       std::to_string(ranks_.pid(rank)) + ") " + status.describe();
+    const size_t others = ranks_.runningCount();
+    if (others > 0) {
+      line += others == 1 ? "; stopping the other rank"
+                          : "; stopping the other " + std::to_string(others) + " ranks";
+    }
+    notice(line);
+    stop(SIGTERM);
+  }
+
+  void onSignal(int sig) {
+    if (sig != SIGINT && sig != SIGTERM) return;
+    if (!stopping_) {
+      exit_status_ = 128 + sig;
+      notice(std::string("received ") + sigabbrev(sig) + "; forwarding it to " +
+             plural(ranks_.runningCount(), "rank"));
+      stop(sig);
+    } else if (!killed_) {
+      notice(std::string("received ") + sigabbrev(sig) + " again; killing " +
+             plural(ranks_.runningCount(), "rank"));
+      kill();
+    }
+  }
+
+  // Called once per loop turn: SIGKILL for those still running once the grace period is over.
+  void onTick() {
+    if (stopping_ && !killed_ && Clock::now() >= kill_at_ && ranks_.runningCount() > 0) {
+      notice(plural(ranks_.runningCount(), "rank") + " still running " + seconds(options_.grace) +
+             " after being asked to stop; killing " + (ranks_.runningCount() == 1 ? "it" : "them"));
+      kill();
+    }
+  }
+
+  // How long poll() may sleep: until the grace period ends, and never long, so that a lost
+  // wake-up can at worst delay reaping by a second.
+  int pollTimeoutMs() const {
+    constexpr int kMaxSleepMs = 1000;
+    if (!stopping_ || killed_) return kMaxSleepMs;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - Clock::now());
+    return static_cast<int>(std::clamp<long long>(left.count(), 0, kMaxSleepMs));
+  }
+
+  int exitStatus() const { return exit_status_; }
+
+ private:
+  static const char* sigabbrev(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+  void notice(const std::string& line) {
+    if (options_.notice) options_.notice(line);
+  }
+
+  void stop(int sig) {
+    stopping_ = true;
+    kill_at_ = Clock::now() + options_.grace;
+    ranks_.signalRunning(sig);
+  }
+
+  void kill() {
+    killed_ = true;
+    ranks_.signalRunning(SIGKILL);
+  }
+
+  const LocalJobOptions& options_;
+  ProcessGroup& ranks_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_at_{};
+  int exit_status_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, int rank,
+                                         int world_size, const std::string& store_addr,
+                                         const std::string& token, int store_fd) {
+  std::vector<std::string> env;
+  env.reserve(base.size() + 6);
+  for (const auto& entry : base) {
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool launch_variable =
+        std::any_of(std::begin(kLaunchVariables), std::end(kLaunchVariables),
+                    [&](const char* variable) { return name == variable; });
+    if (!launch_variable) env.push_back(entry);
+  }
+  env.push_back("RAILSHARD_RANK=" + std::to_string(rank));
+  env.push_back("RAILSHARD_WORLD_SIZE=" + std::to_string(world_size));
+  // One host: the local rank is the rank.
+  env.push_back("RAILSHARD_LOCAL_RANK=" + std::to_string(rank));
+  env.push_back("RAILSHARD_STORE_ADDR=" + store_addr);
+  env.push_back("RAILSHARD_TOKEN=" + token);
+  if (store_fd >= 0) env.push_back("RAILSHARD_STORE_FD=" + std::to_string(store_fd));
+  return env;
+}
+
+int runLocalJob(const LocalJobOptions& options) {
+  if (options.world_size < 1) {
+    throw InvalidArgument("world size must be at least 1, got " +
+                          std::to_string(options.world_size));
+  }
+  if (options.command.empty()) throw InvalidArgument("no program to run");
+
+  const std::string token = options.token.empty() ? makeJobToken() : options.token;
+  Fd listener = listenForStore(options.store_host, options.store_port);
+  const std::string store_addr = advertisedAddress(listener.get());
+
+  std::vector<std::string> base_env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    base_env.emplace_back(*entry);
+  }
+
+  // Before the first fork, so that a Ctrl-C during start-up is forwarded like any other.
+  SignalCatcher signals;
+  ProcessGroup ranks;  // declared after `signals`: its destructor kills before the mask returns
+  const size_t world_size = static_cast<size_t>(options.world_size);
+  ranks.reserveDescriptors(2 * world_size);
+
+  Sink out{options.stdout_fd};
+  Sink err{options.stderr_fd};
+  std::vector<Stream> streams;
+  streams.reserve(2 * world_size);
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    ChildSpec spec;
+    spec.argv = options.command;
+    spec.env = rankEnvironment(base_env, rank, options.world_size, store_addr, token,
+                               rank == 0 ? listener.get() : -1);
+    // Rank 0 reads the launcher's stdin, unless that is a terminal: ranks are not in the
+    // terminal's foreground group, and reading it would stop them (SIGTTIN).
+    spec.stdin_fd = (rank == 0 && ::isatty(STDIN_FILENO) == 0) ? STDIN_FILENO : -1;
+    spec.inherited_fd = rank == 0 ? listener.get() : -1;
+    ProcessGroup::Pipes pipes = ranks.spawn(spec);
+    std::string prefix;
+    if (options.prefix_output) prefix.append("[").append(std::to_string(rank)).append("] ");
+    streams.push_back(Stream{std::move(pipes.out), LinePrefixer(prefix), &out});
+    streams.push_back(Stream{std::move(pipes.err), LinePrefixer(prefix), &err});
+  }
+  // Rank 0 owns the store socket now; a copy here would keep accepting connections (into a
+  // backlog nobody reads) after rank 0 died, instead of refusing them.
+  listener.reset();
+
+  Supervisor supervisor(options, ranks);
+  std::vector<pollfd> fds;
+  std::vector<Stream*> polled;
+  while (ranks.runningCount() > 0) {
+    fds.clear();
+    polled.clear();
+    fds.push_back(pollfd{signals.fd(), POLLIN, 0});
+    for (auto& stream : streams) {
+      if (!stream.fd.valid()) continue;
+      fds.push_back(pollfd{stream.fd.get(), POLLIN, 0});
+      polled.push_back(&stream);
+    }
+    const int ready = ::poll(fds.data(), fds.size(), supervisor.pollTimeoutMs());
+    if (ready < 0 && errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
+    for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) pump(*polled[i - 1]);
+    }
+    bool child_ended = ready == 0;  // after a quiet second, look anyway: costs little
+    for (const int sig : signals.take()) {
+      if (sig == SIGCHLD) {
+        child_ended = true;  // several exits may share one SIGCHLD; reap() finds them all
+      } else {
+        supervisor.onSignal(sig);
+      }
+    }
+    if (child_ended) {
+      for (const size_t rank : ranks.reap()) supervisor.onRankEnded(rank);
+    }
+    supervisor.onTick();
+  }
+  for (auto& stream : streams) drain(stream);
+  return supervisor.exitStatus();
+}
+
+}  // namespace railshard::launcher

@@ -1,0 +1,214 @@
+// railshard-launch: starts N ranks of a program on this host (see --help). Argument parsing
+// and wiring only; the work happens in launcher/local_job.cc and the files it uses.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "launcher/local_job.h"
+#include "launcher/process_group.h"
+
+// The build may pass the project version; this fallback must then match project(VERSION).
+#ifndef RAILSHARD_VERSION_STRING
+#define RAILSHARD_VERSION_STRING "0.1.0"
+#endif
+
+namespace {
+
+constexpr const char* kName = "railshard-launch";
+constexpr int kMaxRanks = 4096;
+constexpr int kUsageExit = 2;
+
+constexpr const char* kUsage = "usage: railshard-launch -n N [options] [--] PROGRAM [ARGS...]\n";
+
+constexpr const char* kHelp =
+    "\n"
+    "Starts N ranks of PROGRAM on this host, each with RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,\n"
+    "RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR and RAILSHARD_TOKEN set, and supervises them:\n"
+    "when one rank fails the others are stopped, and SIGINT/SIGTERM are forwarded to all.\n"
+    "\n"
+    "options:\n"
+    "  -n, --nproc N        number of ranks, 1 to 4096 (required)\n"
+    "  --store-host ADDR    address the rendezvous store listens on (default 127.0.0.1)\n"
+    "  --store-port PORT    its port (default 0: any free port)\n"
+    "  --grace SECONDS      time ranks get between SIGTERM and SIGKILL when the job is\n"
+    "                       stopped (default 5)\n"
+    "  --no-prefix          do not put \"[rank] \" before every line a rank prints\n"
+    "  -h, --help           show this help and exit\n"
+    "  --version            show the version and exit\n"
+    "\n"
+    "The job token is taken from RAILSHARD_TOKEN when it is set, else made fresh per job.\n"
+    "Exit status: 0 when every rank exits 0; the first failed rank's status (128 + signal\n"
+    "when it was killed); 128 + signal when the launcher is interrupted; 2 for bad usage;\n"
+    "127 when PROGRAM is not found.\n";
+
+struct UsageError {
+  std::string problem;
+};
+
+struct Arguments {
+  railshard::launcher::LocalJobOptions job;
+  bool help = false;
+  bool version = false;
+};
+
+int parseRanks(const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const long long ranks = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0') {
+    throw UsageError{"-n expects a number of ranks, got '" + value + "'"};
+  }
+  if (errno == ERANGE || ranks < 1 || ranks > kMaxRanks) {
+    throw UsageError{"-n must be between 1 and " + std::to_string(kMaxRanks) + ", got " + value};
+  }
+  return static_cast<int>(ranks);
+}
+
+std::chrono::milliseconds parseGrace(const std::string& value) {
+  char* end = nullptr;
+  const double seconds = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 86400) {
+    throw UsageError{"--grace expects a number of seconds (0 to 86400), got '" + value + "'"};
+  }
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
+uint16_t parsePort(const std::string& value) {
+  try {
+    return static_cast<uint16_t>(railshard::parseInteger("--store-port", value, 0, 65535));
+  } catch (const railshard::ConfigError& error) {
+    throw UsageError{error.what()};
+  }
+}
+
+// Options come first; the first argument that is not one (or follows "--") is the program,
+// so "railshard-launch -n 2 python -u train.py" needs no "--".
+Arguments parseArguments(int argc, char** argv) {
+  Arguments args;
+  std::optional<int> ranks;
+  int i = 1;
+  while (i < argc) {
+    const std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;
+    ++i;
+
+    // Splits "--name=value" and "-nVALUE"; otherwise the value is the next argument.
+    std::string name = arg;
+    std::optional<std::string> inline_value;
+    if (arg.rfind("--", 0) == 0) {
+      const auto eq = arg.find('=');
+      if (eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        inline_value = arg.substr(eq + 1);
+      }
+    } else if (arg.size() > 2) {
+      name = arg.substr(0, 2);
+      inline_value = arg.substr(2);
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i >= argc) throw UsageError{"option " + name + " needs a value"};
+      return argv[i++];
+    };
+    auto noValue = [&] {
+      if (inline_value) throw UsageError{"option " + name + " takes no value"};
+    };
+
+    if (name == "-n" || name == "--nproc") {
+      ranks = parseRanks(value());
+    } else if (name == "--store-host") {
+      args.job.store_host = value();
+      if (args.job.store_host.empty()) throw UsageError{"--store-host needs an address"};
+    } else if (name == "--store-port") {
+      args.job.store_port = parsePort(value());
+    } else if (name == "--grace") {
+      args.job.grace = parseGrace(value());
+    } else if (name == "--no-prefix") {
+      noValue();
+      args.job.prefix_output = false;
+    } else if (name == "-h" || name == "--help") {
+      noValue();
+      args.help = true;
+      return args;
+    } else if (name == "--version") {
+      noValue();
+      args.version = true;
+      return args;
+    } else {
+      throw UsageError{"unknown option '" + arg + "'"};
+    }
+  }
+  if (!ranks) throw UsageError{"missing -n N (the number of ranks to start)"};
+  if (i >= argc) throw UsageError{"no program given"};
+  args.job.world_size = *ranks;
+  args.job.command.assign(argv + i, argv + argc);
+  return args;
+}
+
+void printError(const std::string& line) {
+  const std::string text = std::string(kName) + ": " + line + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
+// Descriptors 0-2 must be open: otherwise the first pipe or socket lands there and is then
+// clobbered when it becomes a rank's stdio.
+void ensureStdioOpen() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int null_fd = ::open("/dev/null", O_RDWR);
+      if (null_fd >= 0 && null_fd != fd) ::close(null_fd);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensureStdioOpen();
+  Arguments args;
+  try {
+    args = parseArguments(argc, argv);
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "%s: %s\n%sTry '%s --help' for more information.\n", kName,
+                 error.problem.c_str(), kUsage, kName);
+    return kUsageExit;
+  }
+  if (args.help) {
+    std::fputs(kUsage, stdout);
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (args.version) {
+    std::printf("%s (railshard) %s\n", kName, RAILSHARD_VERSION_STRING);
+    return 0;
+  }
+
+  if (const char* token = std::getenv("RAILSHARD_TOKEN"); token != nullptr) {
+    args.job.token = token;  // empty means unset: runLocalJob makes a fresh one
+  }
+  args.job.notice = printError;
+  try {
+    return railshard::launcher::runLocalJob(args.job);
+  } catch (const railshard::launcher::SpawnError& error) {
+    printError(error.what());
+    return error.errorNumber() == ENOENT ? 127 : 126;
+  } catch (const std::exception& error) {
+    printError(error.what());
+    return 1;
+  }
+}
