@@ -1,0 +1,53 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/base/clock.h"
+#include "transport/tcp/socket.h"
+
+namespace railshard::launcher {
+
+struct TcpStoreServerOptions {
+  // A connection that has not completed HELLO by then is dropped, so port scanners and
+  // half-open connections cannot pile up.
+  Duration hello_timeout = std::chrono::seconds(10);
+};
+
+// The rendezvous store every rank talks to at start-up (usually hosted by rank 0 or by
+// railshard-launch). One background thread multiplexes the listening socket and all client
+// connections with epoll; a GET or WAIT that cannot be answered yet is parked with its
+// deadline and answered when a SET/ADD makes its key(s) appear, or with TIMEOUT.
+//
+// Every connection must open with HELLO carrying the job token. Anything else (wrong token,
+// malformed or oversized frame, silence before HELLO) closes that connection with a warning
+// naming the peer; the server keeps serving everyone else. Protocol: launcher/store_protocol.h.
+class TcpStoreServer {
+ public:
+  // Listens on `addr` (port 0 = any free port) and starts serving.
+  TcpStoreServer(const transport::tcp::SockAddr& addr, std::string token,
+                 TcpStoreServerOptions options = {});
+  // Takes ownership of a socket that is already bound (and usually listening), e.g. one a
+  // launcher bound before forking the ranks, and starts serving on it.
+  static std::unique_ptr<TcpStoreServer> adopt(int listen_fd, std::string token,
+                                               TcpStoreServerOptions options = {});
+
+  // Stops the thread, then closes every socket; clients see their connection close.
+  ~TcpStoreServer();
+
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const;
+  // The bound address ("0.0.0.0:29500" when listening on every interface).
+  const transport::tcp::SockAddr& address() const;
+
+ private:
+  TcpStoreServer(transport::tcp::Fd listen_fd, std::string token, TcpStoreServerOptions options);
+
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace railshard::launcher

@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/base/types.h"
+
+namespace railshard {
+namespace {
+
+TEST(Config, DefaultsAndParsing) {
+  const std::map<std::string, std::string> env = {{"RAILSHARD_TIMEOUT", "2.5"},
+                                                  {"RAILSHARD_CHUNK_BYTES", "256K"},
+                                                  {"RAILSHARD_LOG_LEVEL", "debug"},
+                                                  {"RAILSHARD_TOKEN", "abc"}};
+  const Config config = Config::fromEnvironment(&env);
+  EXPECT_EQ(config.timeout.count(), 2500);
+  EXPECT_EQ(config.chunk_bytes, 256u * 1024);
+  EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.token, "abc");
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).chunk_bytes, size_t{1} << 20);
+}
+
+TEST(Config, BadValuesNameTheVariableAndValue) {
+  auto messageOf = [](const std::string& key, const std::string& value) {
+    const std::map<std::string, std::string> env = {{key, value}};
+    try {
+      Config::fromEnvironment(&env);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"RAILSHARD_TIMEOUT", "-1"},
+           {"RAILSHARD_TIMEOUT", "soon"},
+           {"RAILSHARD_CHUNK_BYTES", "12Q"},
+           {"RAILSHARD_LOG_LEVEL", "loud"},
+           {"RAILSHARD_TRANSPORT", "carrier-pigeon"}}) {
+    const std::string message = messageOf(key, value);
+    EXPECT_NE(message.find(key), std::string::npos) << message;
+    EXPECT_NE(message.find(value), std::string::npos) << message;
+  }
+}
+
+// docs/configuration.md documents every variable of the table, so the two cannot drift.
+TEST(Config, EveryVariableIsDocumented) {
+  std::ifstream file(std::string(RAILSHARD_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(file.good());
+  std::stringstream text;
+  text << file.rdbuf();
+  for (const auto& variable : Config::variables()) {
+    EXPECT_NE(text.str().find("`" + variable.name + "`"), std::string::npos)
+        << variable.name << " is missing from docs/configuration.md";
+  }
+}
+
+TEST(Types, NamesParseAndSizes) {
+  EXPECT_EQ(sizeOf(DataType::kBFloat16), 2u);
+  EXPECT_EQ(sizeOf(DataType::kInt64), 8u);
+  EXPECT_EQ(parseDataType("fp16"), DataType::kFloat16);
+  EXPECT_EQ(parseDataType("float"), DataType::kFloat32);
+  EXPECT_EQ(parseDataType("BF16"), DataType::kBFloat16);
+  EXPECT_FALSE(parseDataType("quad").has_value());
+  EXPECT_EQ(parseReduceOp("avg"), ReduceOp::kAvg);
+  EXPECT_EQ(name(ReduceOp::kProd), "prod");
+  EXPECT_FALSE(isValid(static_cast<DataType>(7)));
+}
+
+}  // namespace
+}  // namespace railshard
