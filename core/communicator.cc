@@ -1,5 +1,6 @@
 #include "core/communicator.h"
 
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -8,6 +9,10 @@
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"
+#include "core/collectives/shm_engine.h"
+#include "core/collectives/tuner.h"
+#include "transport/shm/host_identity.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace railshard {
@@ -30,8 +35,56 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   tcp.key_prefix = options.key_prefix;
   tcp.connect_timeout = options.config.connect_timeout;
   tcp.formatter = tagFormatter();
+  collectives::Algorithm ignored;
+  collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
   auto transport = transport::tcp::TcpTransport::create(store, std::move(tcp));
-  return std::unique_ptr<Communicator>(new Communicator(options, std::move(transport)));
+  std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
+  communicator->setUpSharedMemory(store, options.key_prefix);
+  return communicator;
+}
+
+void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
+  if (size_ == 1 || config_.transport == "tcp") return;
+  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
+  auto key = [&](const std::string& what, int r) {
+    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
+  };
+  const std::string mine = transport::shm::hostIdentity();
+  store.setString(key("host", rank_), mine, timeout);
+  bool same_host = true;
+  for (int r = 0; r < size_; ++r) {
+    if (store.getString(key("host", r), timeout) != mine) same_host = false;
+  }
+  if (!same_host) {
+    if (config_.transport == "shm") {
+      throw ConfigError("RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
+                        "not share /dev/shm)");
+    }
+    RS_LOG_DEBUG("rank {}: ranks span several hosts; using tcp", rank_);
+    return;
+  }
+  // Rank 0 creates the segment and unlinks its name once everyone has it mapped, so a killed
+  // job leaves nothing behind in /dev/shm.
+  std::unique_ptr<transport::shm::ShmSegment> segment;
+  if (rank_ == 0) {
+    const std::string name = transport::shm::ShmSegment::makeName();
+    segment = transport::shm::ShmSegment::create(name, size_, config_.shm_slot_bytes);
+    store.setString(key("name", 0), name, timeout);
+  } else {
+    const std::string name = store.getString(key("name", 0), timeout);
+    segment = transport::shm::ShmSegment::attach(name, size_, config_.shm_slot_bytes);
+    store.setString(key("attached", rank_), "1", timeout);
+  }
+  if (rank_ == 0) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < size_; ++r) keys.push_back(key("attached", r));
+    store.wait(keys, timeout);
+    segment->unlink();
+  }
+  RS_LOG_DEBUG("rank {}: shared memory segment {} ({} bytes per slot)", rank_, segment->name(),
+               segment->slotBytes());
+  shm_ = std::make_unique<collectives::ShmEngine>(
+      std::move(segment), rank_, size_, std::chrono::duration_cast<Duration>(config_.timeout));
 }
 
 Communicator::Communicator(const Options& options, std::unique_ptr<transport::Transport> transport)
@@ -90,9 +143,35 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   checkBuffer("allreduce", "recv", recv, count, dtype);
   transport_->checkHealthy();
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
-  RS_LOG_TRACE("rank {}: {} via ring", rank_, describeTag(tag));
-  collectives::ringAllreduce(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
-                             send, recv, count, dtype, op);
+  if (size_ == 1) {
+    last_algorithm_ = "local";
+    if (send != recv && count > 0) std::memcpy(recv, send, count * sizeOf(dtype));
+    return;
+  }
+  collectives::TunerInput input;
+  input.bytes = count * sizeOf(dtype);
+  input.world_size = size_;
+  input.shm = shm_ != nullptr;
+  input.shm_slot_bytes = shm_ ? shm_->slotBytes() : 0;
+  const auto choice = collectives::chooseAllreduce(input, config_.algorithm);
+  last_algorithm_ = collectives::name(choice.algorithm);
+  // Users ask which algorithm ran; at debug level every all-reduce says so, with the model's
+  // estimates behind the choice.
+  RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag), last_algorithm_, choice.reason);
+  switch (choice.algorithm) {
+    case collectives::Algorithm::kShmDirect:
+      return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
+    case collectives::Algorithm::kShmReduceScatterGather:
+      return shm_->allreduceReduceScatterGather(send, recv, count, dtype, op, tag);
+    case collectives::Algorithm::kRecursiveDoubling:
+      return collectives::recursiveDoublingAllreduce(
+          makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, count,
+          dtype, op);
+    case collectives::Algorithm::kRing:
+      return collectives::ringAllreduce(
+          makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, count,
+          dtype, op);
+  }
 }
 
 void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
@@ -102,6 +181,7 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
   transport_->checkHealthy();
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
+  if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
   collectives::ringReduceScatter(
       makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, recv_count,
       dtype, op);
@@ -114,6 +194,7 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   transport_->checkHealthy();
   const auto tag = makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum,
                            send_count, 0);
+  if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
   collectives::ringAllgather(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
                              send, recv, send_count, dtype);
 }
@@ -130,6 +211,7 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   transport_->checkHealthy();
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
+  if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
   collectives::chainBroadcast(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
                               send, recv, count, dtype, root);
 }
@@ -138,6 +220,7 @@ void Communicator::barrier() {
   transport_->checkHealthy();
   const auto tag =
       makeTag(CollectiveKind::kBarrier, sequence_++, DataType::kUInt8, ReduceOp::kSum, 0, 0);
+  if (shm_) return shm_->barrier(tag);
   collectives::disseminationBarrier(
       makeContext(*transport_, rank_, size_, config_, *workspace_, tag));
 }

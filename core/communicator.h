@@ -17,6 +17,7 @@ class Transport;
 }
 namespace collectives {
 class Workspace;
+class ShmEngine;
 }
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
@@ -65,6 +66,10 @@ class Communicator {
 
   // Number of collectives started so far (the sequence number of the next one).
   uint64_t sequence() const { return sequence_; }
+  // True when collectives run through shared memory (every rank on this host).
+  bool usesSharedMemory() const { return shm_ != nullptr; }
+  // Name of the algorithm the last all-reduce ran ("ring", "shm_direct", ...).
+  std::string_view lastAlgorithm() const { return last_algorithm_; }
   transport::Transport& transport() { return *transport_; }
 
   // Keeps `resource` alive as long as this communicator (e.g. the store server rank 0 hosts).
@@ -75,12 +80,15 @@ class Communicator {
   void checkBuffer(const char* collective, const char* what, const void* buffer,
                    size_t count, DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;
+  void setUpSharedMemory(Store& store, const std::string& key_prefix);
 
   int rank_;
   int size_;
   Config config_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<collectives::Workspace> workspace_;
+  std::unique_ptr<collectives::ShmEngine> shm_;
+  std::string_view last_algorithm_ = "none";
   uint64_t sequence_ = 0;
   std::vector<std::shared_ptr<void>> resources_;
 };

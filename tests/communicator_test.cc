@@ -73,11 +73,14 @@ void fillInput(std::vector<uint8_t>& buffer, int rank, size_t count, DataType dt
   for (size_t i = 0; i < count; ++i) storeValue(buffer.data(), i, dtype, inputValue(rank, i, dtype, op));
 }
 
-class AllreduceWorld : public ::testing::TestWithParam<int> {};
+// (world size, RAILSHARD_ALGO): every algorithm is checked on its own, whatever the tuner
+// would pick.
+class AllreduceWorld : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 // Every dtype x op x count, alternating in-place and out-of-place.
 TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
-  const int size = GetParam();
+  const int size = std::get<0>(GetParam());
+  const std::string algorithm = std::get<1>(GetParam());
   const std::vector<size_t> counts = {0, 1, 7, 1000, size_t{1} << 20};
   auto errors = withRanks(size, [&](Communicator& comm) {
     std::vector<uint8_t> input;
@@ -102,19 +105,44 @@ TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
                                      std::string(name(op)) + (in_place ? " in-place" : "") + ":" +
                                      failures);
           }
+          if (size > 1 && std::string(comm.lastAlgorithm()) != algorithm &&
+              !(algorithm == "shm_direct" && comm.lastAlgorithm() == "shm_rsag")) {
+            throw std::runtime_error("ran " + std::string(comm.lastAlgorithm()) + ", not " + algorithm);
+          }
         }
       }
     }
+  }, [&](int, Config& config) {
+    config.algorithm = algorithm;
+    config.transport = algorithm.rfind("shm", 0) == 0 ? "shm" : "tcp";
+    config.shm_slot_bytes = 256 * 1024;  // several pieces at the largest count
   });
   test::rethrowFirst(errors);
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceWorld, ::testing::Values(1, 2, 3, 4, 5, 8));
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, AllreduceWorld,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
+                       ::testing::Values("ring", "recursive_doubling", "shm_direct", "shm_rsag")),
+    [](const auto& info) {
+      return "n" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+    });
 
-class CollectivesWorld : public ::testing::TestWithParam<int> {};
+// (world size, RAILSHARD_TRANSPORT)
+class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+ protected:
+  int worldSize() const { return std::get<0>(GetParam()); }
+  std::function<void(int, Config&)> transport() const {
+    const std::string name = std::get<1>(GetParam());
+    return [name](int, Config& config) {
+      config.transport = name;
+      config.shm_slot_bytes = 128 * 1024;
+    };
+  }
+};
 
 TEST_P(CollectivesWorld, ReduceScatterMatchesReference) {
-  const int size = GetParam();
+  const int size = worldSize();
   auto errors = withRanks(size, [&](Communicator& comm) {
     for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{100000}}) {
       for (DataType dtype : kDataTypes) {
@@ -143,12 +171,12 @@ TEST_P(CollectivesWorld, ReduceScatterMatchesReference) {
         }
       }
     }
-  });
+  }, transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, AllgatherPlacesEveryRanksBlock) {
-  const int size = GetParam();
+  const int size = worldSize();
   auto errors = withRanks(size, [&](Communicator& comm) {
     for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{300000}}) {
       for (DataType dtype : kDataTypes) {
@@ -178,12 +206,12 @@ TEST_P(CollectivesWorld, AllgatherPlacesEveryRanksBlock) {
         }
       }
     }
-  });
+  }, transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, BroadcastFromEveryRoot) {
-  const int size = GetParam();
+  const int size = worldSize();
   auto errors = withRanks(size, [&](Communicator& comm) {
     for (int root = 0; root < size; ++root) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{200000}}) {
@@ -208,12 +236,12 @@ TEST_P(CollectivesWorld, BroadcastFromEveryRoot) {
         }
       }
     }
-  });
+  }, transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, BarrierHoldsEveryoneUntilTheLastArrives) {
-  const int size = GetParam();
+  const int size = worldSize();
   std::atomic<int> arrived{0};
   std::atomic<int> early_leavers{0};
   auto errors = withRanks(size, [&](Communicator& comm) {
@@ -224,21 +252,39 @@ TEST_P(CollectivesWorld, BarrierHoldsEveryoneUntilTheLastArrives) {
       if (arrived.load() < (round + 1) * size) early_leavers.fetch_add(1);
       comm.barrier();  // nobody starts the next round before all checked this one
     }
-  });
+  }, transport());
   test::rethrowFirst(errors);
   EXPECT_EQ(early_leavers.load(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesWorld, ::testing::Values(1, 2, 3, 4, 5, 8));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
+                                            ::testing::Values("tcp", "shm")),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::function<void(int, Config&)> transport(std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
+    const std::string name = GetParam();
+    return [name, timeout](int, Config& config) {
+      config.transport = name;
+      config.timeout = timeout;
+    };
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "shm"));
 
 // Ranks disagree on the count: every rank raises MismatchError naming both sides and values.
-TEST(Mismatch, DifferentCountsRaiseMismatchErrorOnEveryRank) {
+TEST_P(TransportTest, DifferentCountsRaiseMismatchErrorOnEveryRank) {
   const int size = 4;
   auto errors = withRanks(size, [&](Communicator& comm) {
     const size_t count = comm.rank() == 2 ? 7 : 1000;
     std::vector<float> data(count, 1.0f);
     comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
-  });
+  }, transport());
   for (int r = 0; r < size; ++r) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
     try {
@@ -255,11 +301,11 @@ TEST(Mismatch, DifferentCountsRaiseMismatchErrorOnEveryRank) {
   }
 }
 
-TEST(Mismatch, DifferentOpsAndCollectivesAreCaught) {
+TEST_P(TransportTest, DifferentOpsAndCollectivesAreCaught) {
   auto errors = withRanks(3, [&](Communicator& comm) {
     std::vector<int32_t> data(10, 1);
     comm.allreduce(data.data(), 10, DataType::kInt32, comm.rank() == 0 ? ReduceOp::kMax : ReduceOp::kSum);
-  });
+  }, transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     EXPECT_THROW(std::rethrow_exception(e), MismatchError);
@@ -271,7 +317,7 @@ TEST(Mismatch, DifferentOpsAndCollectivesAreCaught) {
     } else {
       comm.broadcast(data.data(), 10, DataType::kInt32, 0);
     }
-  });
+  }, transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     try {
@@ -282,18 +328,18 @@ TEST(Mismatch, DifferentOpsAndCollectivesAreCaught) {
   }
 }
 
-TEST(Mismatch, BroadcastRootsThatDisagreeAreCaught) {
+TEST_P(TransportTest, BroadcastRootsThatDisagreeAreCaught) {
   auto errors = withRanks(2, [&](Communicator& comm) {
     std::vector<int32_t> data(10, comm.rank());
     comm.broadcast(data.data(), 10, DataType::kInt32, comm.rank());  // each thinks it is root
-  });
+  }, transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     EXPECT_THROW(std::rethrow_exception(e), MismatchError);
   }
 }
 
-TEST(Timeout, MissingRankIsATimeoutNamingThePeerAndCollective) {
+TEST_P(TransportTest, MissingRankIsATimeoutNamingThePeerAndCollective) {
   const auto start = std::chrono::steady_clock::now();
   auto errors = withRanks(
       3,
@@ -303,7 +349,7 @@ TEST(Timeout, MissingRankIsATimeoutNamingThePeerAndCollective) {
         // rank 1 skips the collective and then closes its communicator
         if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       },
-      [](int, Config& config) { config.timeout = std::chrono::milliseconds(500); });
+      transport(std::chrono::milliseconds(500)));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 10.0);
   EXPECT_FALSE(errors[1]);
@@ -319,12 +365,12 @@ TEST(Timeout, MissingRankIsATimeoutNamingThePeerAndCollective) {
   }
 }
 
-TEST(PeerLost, PeerThatClosesMidCollectiveIsNamed) {
+TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
   auto errors = withRanks(2, [&](Communicator& comm) {
     std::vector<float> data(100, 1.0f);
     if (comm.rank() == 0) comm.allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum);
     // rank 1 returns at once: its communicator says goodbye while rank 0 waits
-  });
+  }, transport());
   EXPECT_FALSE(errors[1]);
   ASSERT_TRUE(errors[0]);
   try {
@@ -366,7 +412,7 @@ TEST(Token, PeerWithWrongTokenIsRefused) {
   }
 }
 
-TEST(Sequence, ManySmallCollectivesInARowStayInStep) {
+TEST_P(TransportTest, ManySmallCollectivesInARowStayInStep) {
   auto errors = withRanks(4, [&](Communicator& comm) {
     for (int i = 0; i < 500; ++i) {
       int64_t value = comm.rank() + i;
@@ -375,7 +421,7 @@ TEST(Sequence, ManySmallCollectivesInARowStayInStep) {
       if (value != expected) throw std::runtime_error("iteration " + std::to_string(i));
     }
     EXPECT_EQ(comm.sequence(), 500u);
-  });
+  }, transport());
   test::rethrowFirst(errors);
 }
 

@@ -118,7 +118,9 @@ TEST(Bootstrap, RanksStartedByHandWithRailshardVariables) {
 
 // Without a launcher to stop them, every survivor must itself raise PeerLostError naming the
 // dead rank, quickly (RAILSHARD_TIMEOUT is 60 s here, so only loss detection can explain it).
-TEST(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
+class PeerLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
   const std::string addr = "127.0.0.1:" + std::to_string(test::freePort());
   const int size = 4;
   std::vector<test::ProcessResult> results(size);
@@ -131,7 +133,8 @@ TEST(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
           {{"RAILSHARD_RANK", std::to_string(rank)},
            {"RAILSHARD_WORLD_SIZE", std::to_string(size)},
            {"RAILSHARD_STORE_ADDR", addr},
-           {"RAILSHARD_TIMEOUT", "60"}},
+           {"RAILSHARD_TIMEOUT", "60"},
+           {"RAILSHARD_TRANSPORT", GetParam()}},
           std::chrono::seconds(60));
     });
   }
@@ -146,6 +149,8 @@ TEST(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
   }
   EXPECT_LT(seconds, 10.0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, PeerLoss, ::testing::Values("tcp", "shm"));
 
 TEST(Bootstrap, TorchrunEnvironment) {
   const int port = test::freePort();

@@ -111,13 +111,25 @@ const std::vector<Config::Variable>& Config::variables() {
       {"RAILSHARD_STORE_ADDR", "(set by the launcher)",
        "host:port of the rendezvous store. Rank 0 hosts it there; the other ranks connect.",
        [](Config& c, const std::string& v) { c.store_addr = v; }},
-      {"RAILSHARD_TRANSPORT", "auto", "Transport between ranks: auto or tcp.",
+      {"RAILSHARD_TRANSPORT", "auto",
+       "Transport between ranks: auto (shared memory when every rank is on this host, else "
+       "TCP), tcp, or shm (an error unless every rank is on one host).",
        [](Config& c, const std::string& v) {
-         if (v != "auto" && v != "tcp") {
+         if (v != "auto" && v != "tcp" && v != "shm") {
            throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + v +
-                             "' (expected auto or tcp)");
+                             "' (expected auto, tcp or shm)");
          }
          c.transport = v;
+       }},
+      {"RAILSHARD_ALGO", "auto",
+       "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct or "
+       "shm_rsag. The choice is logged at debug level.",
+       [](Config& c, const std::string& v) { c.algorithm = v; }},
+      {"RAILSHARD_SHM_SLOT_BYTES", "1M",
+       "Shared-memory staging slot per rank and step (suffix K, M, G); larger messages are "
+       "pipelined in slot-sized pieces. Must match on all ranks.",
+       [](Config& c, const std::string& v) {
+         c.shm_slot_bytes = parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},
       {"RAILSHARD_SOCKET_IFNAME", "(automatic)",
        "Network interface whose IPv4 address this rank advertises to its peers (exact name or "
@@ -159,6 +171,7 @@ std::string Config::describe() const {
   out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << transport
+      << " algorithm=" << algorithm << " shm_slot_bytes=" << shm_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " token=" << (token.empty() ? "none" : "set");

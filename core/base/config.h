@@ -18,7 +18,9 @@ struct Config {
   size_t chunk_bytes = size_t{1} << 20;
   std::string token;       // job token; empty only for in-process (thread) communicators
   std::string store_addr;  // host:port of the rendezvous store
-  std::string transport = "auto";
+  std::string transport = "auto";     // auto | tcp | shm
+  std::string algorithm = "auto";     // RAILSHARD_ALGO: auto or a name from the tuner
+  size_t shm_slot_bytes = size_t{1} << 20;
   std::string socket_ifname;  // interface (prefix) whose address peers connect to
 
   // Reads every variable of variables() from `env` (the process environment when null).

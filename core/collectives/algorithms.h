@@ -13,6 +13,10 @@ namespace railshard::collectives {
 // Ring reduce-scatter + all-gather, pipelined in chunks; bandwidth-optimal for large counts.
 void ringAllreduce(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
                    ReduceOp op);
+// Recursive doubling (with fold-in for non-power-of-two sizes): ceil(log2 n) message
+// latencies; every rank moves the whole buffer each round, so for small messages only.
+void recursiveDoublingAllreduce(const Context& ctx, const void* send, void* recv, size_t count,
+                                DataType dtype, ReduceOp op);
 // send holds size * recv_count elements; rank r receives block r, reduced.
 void ringReduceScatter(const Context& ctx, const void* send, void* recv, size_t recv_count,
                        DataType dtype, ReduceOp op);

@@ -1,0 +1,354 @@
+#include "core/collectives/shm_engine.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/base/logging.h"
+#include "core/collective_tag.h"
+#include "kernels/reduce.h"
+
+namespace railshard::collectives {
+
+using transport::shm::FutexWord;
+using transport::shm::RankControl;
+
+namespace {
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// How long a peer may stay silent before we look at whether its process still exists.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+
+}  // namespace
+
+ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
+                     Duration timeout)
+    : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout) {
+  segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
+  // With a core per rank, spinning a little catches a peer that is a few microseconds behind
+  // without a sleep/wake-up; with more ranks than cores the peer needs our core, so we only
+  // glance before sleeping.
+  // Sleeping is expensive here: a futex wake-up of an idle (virtual) CPU costs hundreds of
+  // microseconds, so a waiter first polls for a while. With a core per rank it polls with
+  // `pause`; with more ranks than cores it yields instead, so that a rank it waits for can run
+  // on this core right away.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  oversubscribed_ = static_cast<unsigned>(size_) > cores;
+  const char* spin = std::getenv("RAILSHARD_SPIN_US");
+  spin_time_ = std::chrono::microseconds(spin ? std::atoi(spin) : 2000);
+}
+
+ShmEngine::~ShmEngine() {
+  // Tell ranks that may still wait for us (ranks in one process share the pid, so the
+  // liveness check alone cannot see this).
+  segment_->control(rank_).left.store(1);
+  for (int r = 0; r < size_; ++r) {
+    auto& control = segment_->control(r);
+    control.posted.wakeAll();
+    control.reduced.wakeAll();
+    control.consumed.wakeAll();
+  }
+}
+
+void ShmEngine::abort(ErrorKind kind, const std::string& message) {
+  auto& header = segment_->header();
+  if (header.aborted.load() != 0) return;
+  const size_t length = std::min(message.size(), sizeof(header.abort_message) - 1);
+  std::memcpy(header.abort_message, message.data(), length);
+  header.abort_message[length] = '\0';
+  header.abort_kind.store(static_cast<uint32_t>(kind));
+  header.abort_rank.store(rank_);
+  header.aborted.store(1, header.sleepers);
+  for (int r = 0; r < size_; ++r) {
+    auto& control = segment_->control(r);
+    control.posted.wakeAll();
+    control.reduced.wakeAll();
+    control.consumed.wakeAll();
+  }
+}
+
+void ShmEngine::throwAborted() {
+  auto& header = segment_->header();
+  std::string message(header.abort_message);
+  const int by = header.abort_rank.load();
+  if (by != rank_) message += " [reported by rank " + std::to_string(by) + "]";
+  throwError(static_cast<ErrorKind>(header.abort_kind.load()), message);
+}
+
+void ShmEngine::checkPeerAlive(int peer, const char* what) {
+  if (segment_->control(peer).left.load() != 0) {
+    abort(ErrorKind::kPeerLost, "rank " + std::to_string(rank_) + ": rank " +
+                                    std::to_string(peer) + " closed its communicator while " +
+                                    describeTag(tag_) + " waited for its " + what);
+    throwAborted();
+  }
+  const int32_t pid = segment_->control(peer).pid.load();
+  if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+    const std::string message = "rank " + std::to_string(rank_) + ": rank " +
+                                std::to_string(peer) + " (pid " + std::to_string(pid) +
+                                ") exited while " + describeTag(tag_) + " waited for its " +
+                                what;
+    abort(ErrorKind::kPeerLost, message);
+    throwAborted();
+  }
+}
+
+void ShmEngine::waitFor(int peer, Word word, uint32_t target, const char* what) {
+  FutexWord& flag = segment_->control(peer).*word;
+  if (FutexWord::reached(flag.load(), target)) return;
+  auto& header = segment_->header();
+  const Clock::time_point spin_start = Clock::now();
+  // Pure polling only briefly: if the rank we wait for shares our core (oversubscribed, or
+  // other processes busy on the machine) polling would only delay it, so after that we yield.
+  const auto pause_time = oversubscribed_ ? Duration(0) : std::chrono::microseconds(20);
+  bool yielding = oversubscribed_;
+  for (uint32_t i = 1;; ++i) {
+    if (yielding) {
+      sched_yield();
+    } else {
+      cpuRelax();
+    }
+    if (FutexWord::reached(flag.load(), target)) return;
+    if ((i & 63u) == 0) {
+      if (header.aborted.load() != 0) throwAborted();
+      const auto spent = Clock::now() - spin_start;
+      if (spent >= spin_time_) break;
+      yielding = yielding || spent >= pause_time;
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  const Deadline deadline = start + timeout_;
+  Clock::time_point next_liveness = start + kLivenessPeriod;
+  while (true) {
+    const uint32_t seen = flag.load();
+    if (FutexWord::reached(seen, target)) return;
+    if (header.aborted.load() != 0) throwAborted();
+    const auto now = Clock::now();
+    if (now >= next_liveness || segment_->control(peer).left.load() != 0) {
+      checkPeerAlive(peer, what);
+      next_liveness = now + kLivenessPeriod;
+    }
+    if (now >= deadline) {
+      const std::string message =
+          "rank " + std::to_string(rank_) + ": " + describeTag(tag_) + " timed out after " +
+          std::to_string(std::chrono::duration<double>(now - start).count()) +
+          " s waiting for rank " + std::to_string(peer) + "'s " + what + " (RAILSHARD_TIMEOUT)";
+      abort(ErrorKind::kTimeout, message);
+      throwAborted();
+    }
+    flag.sleepWhile(seen, std::min<Duration>(kLivenessPeriod, deadline - now), header.sleepers);
+  }
+}
+
+void ShmEngine::beginStep(const transport::MessageTag& tag) {
+  if (segment_->header().aborted.load() != 0) throwAborted();
+  tag_ = tag;
+  ++step_;
+  // The slots of this step's parity were last used two steps ago; everyone must be done
+  // reading them.
+  for (int r = 0; r < size_; ++r) waitFor(r, &RankControl::consumed, step_ - 2, "release of step buffers");
+  segment_->control(rank_).header[step_ & 1u] = tag;
+}
+
+void ShmEngine::publish(Word word) {
+  (segment_->control(rank_).*word).store(step_, segment_->header().sleepers);
+}
+
+void ShmEngine::waitPosted(int peer) {
+  waitFor(peer, &RankControl::posted, step_, "data");
+  const transport::MessageTag& theirs = segment_->control(peer).header[step_ & 1u];
+  if (!(theirs == tag_)) {
+    const std::string message = describeMismatch(rank_, tag_, peer, theirs);
+    abort(ErrorKind::kMismatch, message);
+    throwAborted();
+  }
+}
+
+void ShmEngine::waitAllPosted() {
+  for (int r = 0; r < size_; ++r) waitPosted(r);
+}
+
+void ShmEngine::reduceAll(void* out, const void* const* sources, size_t count, DataType dtype,
+                          ReduceOp op) {
+  // Rank order, the same on every rank, so every rank computes bit-identical results. Folding
+  // n operands pairwise would stream the output through memory n-1 times; in L1-sized blocks
+  // the partial result stays in cache and memory sees each operand once.
+  const size_t element = sizeOf(dtype);
+  const size_t block = std::max<size_t>(1, (16 * 1024) / element);
+  auto* destination = static_cast<uint8_t*>(out);
+  for (size_t begin = 0; begin < count; begin += block) {
+    const size_t length = std::min(block, count - begin);
+    const size_t offset = begin * element;
+    uint8_t* d = destination + offset;
+    kernels::reduce(d, static_cast<const uint8_t*>(sources[0]) + offset,
+                    static_cast<const uint8_t*>(sources[1]) + offset, length, dtype, op);
+    for (int r = 2; r < size_; ++r) {
+      kernels::reduce(d, d, static_cast<const uint8_t*>(sources[r]) + offset, length, dtype, op);
+    }
+  }
+  if (op == ReduceOp::kAvg) kernels::divide(out, count, dtype, static_cast<size_t>(size_));
+}
+
+void ShmEngine::allreduceDirect(const void* send, void* recv, size_t count, DataType dtype,
+                                ReduceOp op, const transport::MessageTag& tag) {
+  const size_t bytes = count * sizeOf(dtype);
+  beginStep(tag);
+  if (bytes > 0) std::memcpy(segment_->inSlot(rank_, step_), send, bytes);
+  publish(&RankControl::posted);
+  std::vector<const void*> sources(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    waitPosted(r);
+    sources[static_cast<size_t>(r)] = segment_->inSlot(r, step_);
+  }
+  // recv may be send: all operands are read from the slots, never from the user buffers.
+  if (count > 0) reduceAll(recv, sources.data(), count, dtype, op);
+  publish(&RankControl::consumed);
+}
+
+void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_t count,
+                                             DataType dtype, ReduceOp op,
+                                             const transport::MessageTag& tag) {
+  const size_t element = sizeOf(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<const void*> sources(n);
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, count - offset);
+    auto segmentBegin = [&](size_t r) { return length * r / n; };  // balanced split
+    beginStep(tag);
+    uint8_t* mine = segment_->inSlot(rank_, step_);
+    for (size_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == rank_) continue;  // nobody else reads my own segment
+      const size_t begin = segmentBegin(r);
+      std::memcpy(mine + begin * element, in + (offset + begin) * element,
+                  (segmentBegin(r + 1) - begin) * element);
+    }
+    publish(&RankControl::posted);
+    const size_t my_begin = segmentBegin(static_cast<size_t>(rank_));
+    const size_t my_length = segmentBegin(static_cast<size_t>(rank_) + 1) - my_begin;
+    for (int r = 0; r < size_; ++r) {
+      waitPosted(r);
+      sources[static_cast<size_t>(r)] = r == rank_ ? in + (offset + my_begin) * element
+                                                   : segment_->inSlot(r, step_) + my_begin * element;
+    }
+    uint8_t* reduced = segment_->outSlot(rank_, step_);
+    if (my_length > 0) reduceAll(reduced, sources.data(), my_length, dtype, op);
+    publish(&RankControl::reduced);
+    for (size_t r = 0; r < n; ++r) {
+      waitFor(static_cast<int>(r), &RankControl::reduced, step_, "reduced segment");
+      const size_t begin = segmentBegin(r);
+      const size_t bytes = (segmentBegin(r + 1) - begin) * element;
+      if (bytes > 0) std::memcpy(out + (offset + begin) * element, segment_->outSlot(static_cast<int>(r), step_), bytes);
+    }
+    publish(&RankControl::consumed);
+    offset += length;
+  } while (offset < count);
+}
+
+void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
+                              ReduceOp op, const transport::MessageTag& tag) {
+  const size_t element = sizeOf(dtype);
+  const size_t n = static_cast<size_t>(size_);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / (element * n));
+  std::vector<const void*> sources(n);
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, recv_count - offset);
+    beginStep(tag);
+    uint8_t* mine = segment_->inSlot(rank_, step_);
+    for (size_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == rank_) continue;
+      std::memcpy(mine + r * length * element, in + (r * recv_count + offset) * element,
+                  length * element);
+    }
+    publish(&RankControl::posted);
+    const size_t me = static_cast<size_t>(rank_);
+    for (int r = 0; r < size_; ++r) {
+      waitPosted(r);
+      sources[static_cast<size_t>(r)] = r == rank_ ? in + (me * recv_count + offset) * element
+                                                   : segment_->inSlot(r, step_) + me * length * element;
+    }
+    // Accumulate in the out-slot: recv may overlap our own block of send (in place).
+    uint8_t* reduced = segment_->outSlot(rank_, step_);
+    if (length > 0) {
+      reduceAll(reduced, sources.data(), length, dtype, op);
+      std::memcpy(out + offset * element, reduced, length * element);
+    }
+    publish(&RankControl::consumed);
+    offset += length;
+  } while (offset < recv_count);
+}
+
+void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                          const transport::MessageTag& tag) {
+  const size_t element = sizeOf(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, send_count - offset);
+    beginStep(tag);
+    if (length > 0) std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+    publish(&RankControl::posted);
+    for (int r = 0; r < size_; ++r) {
+      waitPosted(r);
+      if (length > 0) {
+        std::memcpy(out + (static_cast<size_t>(r) * send_count + offset) * element,
+                    segment_->inSlot(r, step_), length * element);
+      }
+    }
+    publish(&RankControl::consumed);
+    offset += length;
+  } while (offset < send_count);
+}
+
+void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                          const transport::MessageTag& tag) {
+  const size_t element = sizeOf(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, count - offset);
+    beginStep(tag);
+    if (rank_ == root && length > 0) {
+      std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+    }
+    // Everyone posts (without data) so that every rank checks every header.
+    publish(&RankControl::posted);
+    waitAllPosted();
+    if (length > 0 && (rank_ != root || in != out)) {
+      std::memcpy(out + offset * element, segment_->inSlot(root, step_), length * element);
+    }
+    publish(&RankControl::consumed);
+    offset += length;
+  } while (offset < count);
+}
+
+void ShmEngine::barrier(const transport::MessageTag& tag) {
+  beginStep(tag);
+  publish(&RankControl::posted);
+  waitAllPosted();
+  publish(&RankControl::consumed);
+}
+
+}  // namespace railshard::collectives

@@ -1,0 +1,72 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/base/clock.h"
+#include "core/base/error.h"
+#include "core/base/types.h"
+#include "transport/message_tag.h"
+#include "transport/shm/shm_segment.h"
+
+namespace railshard::collectives {
+
+// Collectives for ranks that share a host, through one shared-memory segment
+// (transport/shm). No messages: each rank copies what the others need into its own slot
+// once, and every reduction reads its operands straight from the other ranks' slots into the
+// destination ("reduce from the peer's buffer"). Ranks step through numbered steps; a step's
+// slots are reused two steps later, once every rank reports it is done with them.
+//
+// Each step publishes the collective's header next to the data, and every rank compares all
+// headers it reads with its own: disagreeing ranks all raise MismatchError. Any error aborts
+// the segment, which wakes every waiting rank with the same error; a rank whose process is
+// gone is detected by its pid while others wait for it.
+class ShmEngine {
+ public:
+  ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
+            Duration timeout);
+  ~ShmEngine();
+
+  // Everyone reads every rank's whole input and reduces all of it: one synchronisation,
+  // best for small messages. Requires count * size(dtype) <= slotBytes().
+  void allreduceDirect(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       const transport::MessageTag& tag);
+  // Rank r reduces segment r of each piece from all slots, then everyone copies every
+  // reduced segment out: bandwidth-optimal, pipelined by slot-sized pieces.
+  void allreduceReduceScatterGather(const void* send, void* recv, size_t count, DataType dtype,
+                                    ReduceOp op, const transport::MessageTag& tag);
+  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op,
+                     const transport::MessageTag& tag);
+  void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                 const transport::MessageTag& tag);
+  void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                 const transport::MessageTag& tag);
+  void barrier(const transport::MessageTag& tag);
+
+  size_t slotBytes() const { return segment_->slotBytes(); }
+  // Makes every rank's current and next wait fail with this error.
+  void abort(ErrorKind kind, const std::string& message);
+
+ private:
+  using Word = transport::shm::FutexWord transport::shm::RankControl::*;
+  void beginStep(const transport::MessageTag& tag);
+  void publish(Word word);
+  void waitFor(int peer, Word word, uint32_t target, const char* what);
+  void waitPosted(int peer);  // plus the header check
+  void waitAllPosted();
+  void reduceAll(void* out, const void* const* sources, size_t count, DataType dtype, ReduceOp op);
+  [[noreturn]] void throwAborted();
+  void checkPeerAlive(int peer, const char* what);
+
+  std::unique_ptr<transport::shm::ShmSegment> segment_;
+  int rank_;
+  int size_;
+  Duration timeout_;
+  uint32_t step_ = 0;
+  transport::MessageTag tag_;  // collective of the current step
+  bool oversubscribed_ = false;
+  Duration spin_time_;
+};
+
+}  // namespace railshard::collectives

@@ -1,0 +1,108 @@
+#include "core/collectives/tuner.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/base/error.h"
+
+namespace railshard::collectives {
+
+std::string_view name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+    case Algorithm::kShmDirect:
+      return "shm_direct";
+    case Algorithm::kShmReduceScatterGather:
+      return "shm_rsag";
+  }
+  return "unknown";
+}
+
+bool parseAlgorithm(const std::string& text, Algorithm& out) {
+  if (text.empty() || text == "auto") return false;
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kShmDirect,
+                      Algorithm::kShmReduceScatterGather}) {
+    if (name(a) == text) {
+      out = a;
+      return true;
+    }
+  }
+  throw ConfigError("RAILSHARD_ALGO: unknown algorithm '" + text +
+                    "' (expected auto, ring, recursive_doubling, shm_direct or shm_rsag)");
+}
+
+// Figures measured on the development machine (docs/benchmarks.md): a cross-core flag
+// hand-off through shared memory costs about a microsecond; loopback TCP about 30 us per
+// message once the progress thread's wake-up is counted.
+LinkModel shmModel() { return {1.0, 8.0}; }
+LinkModel tcpModel() { return {30.0, 1.5}; }
+
+double estimateMicros(Algorithm algorithm, const TunerInput& input) {
+  const double n = input.world_size;
+  const double bytes = static_cast<double>(input.bytes);
+  auto transfer = [](double b, const LinkModel& m) { return b / (m.beta_gbps * 1e3); };  // us
+  switch (algorithm) {
+    case Algorithm::kShmDirect: {
+      if (!input.shm || input.bytes > input.shm_slot_bytes) return std::numeric_limits<double>::infinity();
+      // copy in, then read all n inputs and write the result
+      const LinkModel m = shmModel();
+      return 2 * m.alpha_us + transfer(bytes * (1 + n + 1), m);
+    }
+    case Algorithm::kShmReduceScatterGather: {
+      if (!input.shm) return std::numeric_limits<double>::infinity();
+      const LinkModel m = shmModel();
+      const double pieces = std::max(1.0, std::ceil(bytes / std::max<double>(1, static_cast<double>(input.shm_slot_bytes))));
+      // copy in (n-1)/n, reduce own 1/n reading n operands, write + copy out everything
+      return pieces * 3 * m.alpha_us + transfer(bytes * ((n - 1) / n + 1 + 1 + 1), m);
+    }
+    case Algorithm::kRing: {
+      const LinkModel m = tcpModel();
+      return 2 * (n - 1) * (m.alpha_us + transfer(bytes / n, m));
+    }
+    case Algorithm::kRecursiveDoubling: {
+      const LinkModel m = tcpModel();
+      const double rounds = std::floor(std::log2(n));
+      const bool power_of_two = std::exp2(rounds) == n;
+      return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m));
+    }
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced) {
+  Algorithm forced_algorithm;
+  if (parseAlgorithm(forced, forced_algorithm)) {
+    const bool needs_shm = forced_algorithm == Algorithm::kShmDirect ||
+                           forced_algorithm == Algorithm::kShmReduceScatterGather;
+    if (needs_shm && !input.shm) {
+      throw ConfigError("RAILSHARD_ALGO=" + forced +
+                        " needs shared memory, which this communicator does not have "
+                        "(ranks on several hosts, or RAILSHARD_TRANSPORT=tcp)");
+    }
+    // shm_direct only fits messages up to one slot; larger ones fall back to shm_rsag.
+    if (forced_algorithm == Algorithm::kShmDirect && input.bytes > input.shm_slot_bytes) {
+      return {Algorithm::kShmReduceScatterGather, "RAILSHARD_ALGO=shm_direct, message larger than a slot"};
+    }
+    return {forced_algorithm, "RAILSHARD_ALGO=" + forced};
+  }
+  std::ostringstream reason;
+  Algorithm best = Algorithm::kRing;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (Algorithm a : {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
+                      Algorithm::kRecursiveDoubling}) {
+    const double cost = estimateMicros(a, input);
+    if (!std::isfinite(cost)) continue;
+    reason << name(a) << "=" << cost << "us ";
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = a;
+    }
+  }
+  return {best, reason.str()};
+}
+
+}  // namespace railshard::collectives

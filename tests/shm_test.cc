@@ -1,0 +1,88 @@
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "core/base/error.h"
+#include "transport/shm/shm_segment.h"
+#include "tests/test_util.h"
+
+namespace railshard::transport::shm {
+namespace {
+
+int countNames(const std::string& prefix) {
+  int count = 0;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) ++count;
+  }
+  ::closedir(dir);
+  return count;
+}
+
+TEST(ShmSegment, AttachSeesTheCreatorsMemoryAndUnlinkRemovesTheName) {
+  const std::string name = ShmSegment::makeName();
+  auto created = ShmSegment::create(name, 3, 4096);
+  auto attached = ShmSegment::attach(name, 3, 4096);
+  created->inSlot(2, 1)[17] = 42;
+  EXPECT_EQ(attached->inSlot(2, 1)[17], 42);
+  EXPECT_EQ(countNames(name), 1);
+  created->unlink();
+  EXPECT_EQ(countNames(name), 0);
+  attached->outSlot(1, 0)[5] = 7;  // still mapped after the unlink
+  EXPECT_EQ(created->outSlot(1, 0)[5], 7);
+  EXPECT_THROW(ShmSegment::attach(name, 3, 4096), Error);
+}
+
+TEST(ShmSegment, WrongGeometryIsRefused) {
+  const std::string name = ShmSegment::makeName();
+  auto created = ShmSegment::create(name, 2, 4096);
+  EXPECT_THROW(ShmSegment::attach(name, 4, 4096), Error);
+  EXPECT_THROW(ShmSegment::attach(name, 2, 8192), Error);
+}
+
+TEST(ShmSegment, StaleSegmentsOfDeadCreatorsAreRemoved) {
+  // A child that exits leaves a name with its (now dead) pid, as a job killed during start-up
+  // would.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const std::string path = "/railshard-" + std::to_string(::getpid()) + "-stale";
+    const int fd = ::shm_open(path.c_str(), O_CREAT | O_RDWR, 0600);
+    ::_exit(fd >= 0 ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string prefix = "railshard-" + std::to_string(child) + "-";
+  ASSERT_EQ(countNames(prefix), 1);
+  // A live process's name stays.
+  const std::string mine = ShmSegment::makeName();
+  auto segment = ShmSegment::create(mine, 2, 4096);  // create() runs removeStale() first
+  EXPECT_EQ(countNames(prefix), 0);
+  EXPECT_EQ(countNames(mine), 1);
+}
+
+// A job killed with SIGKILL mid-run leaves nothing in /dev/shm: the name is unlinked as soon
+// as every rank has mapped it.
+TEST(ShmSegment, KilledJobLeavesNoLitter) {
+  const int before = countNames("railshard-");
+  auto result = test::runProcess(
+      {"/bin/sh", "-c",
+       std::string(RAILSHARD_LAUNCH_BIN) + " -n 4 " + RAILSHARD_ALLREDUCE_PERF_BIN +
+           " -b 64M -e 64M -n 1000 -w 0 -c 0 & pid=$!; sleep 2; kill -9 $pid; "
+           "sleep 0.5; exit 0"},
+      {}, std::chrono::seconds(30));
+  EXPECT_FALSE(result.timed_out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(countNames("railshard-"), before);
+}
+
+}  // namespace
+}  // namespace railshard::transport::shm

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/message_tag.h"
+#include "transport/shm/futex_word.h"
+
+namespace railshard::transport::shm {
+
+// Per-rank synchronisation block, one cache line pair each so ranks never share a line.
+struct alignas(128) RankControl {
+  FutexWord posted;    // step k: my input for step k is in my in-slot
+  FutexWord reduced;   // step k: my reduced segment for step k is in my out-slot
+  FutexWord consumed;  // step k: I am done reading everyone's slots of step k
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> left;  // closed its communicator: no more steps will come
+  MessageTag header[2];  // the collective each step parity belongs to (mismatch check)
+};
+
+struct alignas(128) SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t world_size;
+  uint64_t slot_bytes;
+  std::atomic<uint32_t> sleepers;  // processes inside futex wait on any word
+  FutexWord aborted;               // non-zero once any rank aborted
+  std::atomic<int32_t> abort_rank;
+  std::atomic<uint32_t> abort_kind;
+  char abort_message[2048];
+};
+
+// One POSIX shared-memory segment per job on one host: a control block per rank and, per
+// rank, two in-slots and two out-slots (step parity) of slot_bytes each. Rank 0 creates it,
+// the others attach, and rank 0 unlinks the name as soon as everyone is attached, so nothing
+// is left in /dev/shm even if the job is killed later; a job killed during start-up leaves a
+// name with a dead creator pid, which the next creator removes (removeStale).
+class ShmSegment {
+ public:
+  static std::unique_ptr<ShmSegment> create(const std::string& name, int world_size,
+                                            size_t slot_bytes);
+  static std::unique_ptr<ShmSegment> attach(const std::string& name, int world_size,
+                                            size_t slot_bytes);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  // Removes the name (the mapping stays valid for everyone attached).
+  void unlink();
+  // Unlinks /dev/shm/railshard-<pid>-* names whose creating process no longer exists.
+  static int removeStale();
+  // "railshard-<pid>-<random>"
+  static std::string makeName();
+
+  SegmentHeader& header() { return *header_; }
+  RankControl& control(int rank) { return controls_[rank]; }
+  uint8_t* inSlot(int rank, uint32_t step) { return slot(rank, step & 1u); }
+  uint8_t* outSlot(int rank, uint32_t step) { return slot(rank, 2 + (step & 1u)); }
+  size_t slotBytes() const { return slot_bytes_; }
+  int worldSize() const { return world_size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  ShmSegment(std::string name, int world_size, size_t slot_bytes, void* base, size_t bytes);
+  static size_t totalBytes(int world_size, size_t slot_bytes);
+  uint8_t* slot(int rank, uint32_t index);
+
+  std::string name_;
+  int world_size_;
+  size_t slot_bytes_;
+  void* base_;
+  size_t bytes_;
+  bool linked_ = false;
+  SegmentHeader* header_;
+  RankControl* controls_;
+  uint8_t* data_;
+};
+
+}  // namespace railshard::transport::shm
