@@ -84,7 +84,8 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   RS_LOG_DEBUG("rank {}: shared memory segment {} ({} bytes per slot)", rank_, segment->name(),
                segment->slotBytes());
   shm_ = std::make_unique<collectives::ShmEngine>(
-      std::move(segment), rank_, size_, std::chrono::duration_cast<Duration>(config_.timeout));
+      std::move(segment), rank_, size_, std::chrono::duration_cast<Duration>(config_.timeout),
+      std::chrono::duration_cast<Duration>(config_.spin));
 }
 
 Communicator::Communicator(const Options& options, std::unique_ptr<transport::Transport> transport)

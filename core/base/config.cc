@@ -131,6 +131,17 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.shm_slot_bytes = parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},
+      {"RAILSHARD_SPIN_US", "2000",
+       "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
+       "before it sleeps in the kernel. Sleeping is cheap for the CPU but a wake-up can cost "
+       "hundreds of microseconds on virtual machines; 0 sleeps at once.",
+       [](Config& c, const std::string& v) {
+         c.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
+       }},
+      {"RAILSHARD_KERNEL_ISA", "auto",
+       "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "
+       "choice the CPU cannot run is a ConfigError. Read by kernels/ itself.",
+       ignore},
       {"RAILSHARD_SOCKET_IFNAME", "(automatic)",
        "Network interface whose IPv4 address this rank advertises to its peers (exact name or "
        "prefix). By default the address this rank uses to reach the store.",

@@ -21,6 +21,7 @@ struct Config {
   std::string transport = "auto";     // auto | tcp | shm
   std::string algorithm = "auto";     // RAILSHARD_ALGO: auto or a name from the tuner
   size_t shm_slot_bytes = size_t{1} << 20;
+  std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;  // interface (prefix) whose address peers connect to
 
   // Reads every variable of variables() from `env` (the process environment when null).

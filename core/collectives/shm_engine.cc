@@ -34,7 +34,7 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 }  // namespace
 
 ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-                     Duration timeout)
+                     Duration timeout, Duration spin)
     : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
   // With a core per rank, spinning a little catches a peer that is a few microseconds behind
@@ -46,8 +46,7 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int ra
   // on this core right away.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   oversubscribed_ = static_cast<unsigned>(size_) > cores;
-  const char* spin = std::getenv("RAILSHARD_SPIN_US");
-  spin_time_ = std::chrono::microseconds(spin ? std::atoi(spin) : 2000);
+  spin_time_ = spin;
 }
 
 ShmEngine::~ShmEngine() {

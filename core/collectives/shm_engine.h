@@ -24,8 +24,9 @@ namespace railshard::collectives {
 // gone is detected by its pid while others wait for it.
 class ShmEngine {
  public:
+  // `spin`: how long a wait polls before sleeping (Config::spin).
   ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-            Duration timeout);
+            Duration timeout, Duration spin);
   ~ShmEngine();
 
   // Everyone reads every rank's whole input and reduces all of it: one synchronisation,
