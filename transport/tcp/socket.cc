@@ -43,7 +43,12 @@ std::string SockAddr::toString() const {
   if (storage.ss_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
     ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+    // Appended piecewise: `"[" + std::string(...)` trips a false -Wrestrict in GCC 12.
+    std::string text = "[";
+    text += host;
+    text += "]:";
+    text += std::to_string(ntohs(in6->sin6_port));
+    return text;
   }
   return "(unknown address family)";
 }
