@@ -34,6 +34,7 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   tcp.advertise_host = options.advertise_host;
   tcp.key_prefix = options.key_prefix;
   tcp.connect_timeout = options.config.connect_timeout;
+  tcp.spin = std::chrono::duration_cast<Duration>(options.config.spin);
   tcp.formatter = tagFormatter();
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown

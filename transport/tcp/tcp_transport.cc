@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
@@ -372,10 +373,23 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
 }
 
 void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
-  // A short spin catches replies that are already on their way without paying for a sleep
-  // and wake-up; it is far shorter than a scheduler tick, so oversubscribed ranks lose little.
-  for (int i = 0; i < 256; ++i) {
+  // Poll before sleeping: a condition-variable wake-up costs a futex round trip, and on a VM
+  // an idle CPU can take hundreds of microseconds to wake. First a few microseconds of
+  // `pause`, then yielding (the progress thread that completes the request may need this
+  // core), then sleep.
+  if (request->done()) return;
+  const Clock::time_point spin_start = Clock::now();
+  for (uint32_t i = 1;; ++i) {
     if (request->done()) return;
+    if (failed_.load()) break;
+    if ((i & 63u) == 0) {
+      const auto spent = Clock::now() - spin_start;
+      if (spent >= options_.spin) break;
+      if (spent >= std::chrono::microseconds(20)) {
+        sched_yield();
+        continue;
+      }
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

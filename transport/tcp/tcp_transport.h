@@ -31,6 +31,7 @@ class TcpTransport : public Transport {
     std::string advertise_host;  // address peers connect to (IPv4/IPv6 literal or name)
     std::string key_prefix;      // store namespace of this communicator
     Duration connect_timeout = std::chrono::seconds(60);
+    Duration spin = std::chrono::microseconds(2000);  // poll before sleeping in wait()
     TagFormatter formatter;
   };
 
