@@ -11,6 +11,7 @@
 #include "core/collectives/context.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/tuner.h"
+#include "kernels/reduce.h"
 #include "transport/shm/host_identity.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
@@ -27,6 +28,8 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
                           " is outside [0, " + std::to_string(options.size) + ")");
   }
   RS_LOG_DEBUG("rank {}/{}: config: {}", options.rank, options.size, options.config.describe());
+  // Resolves RAILSHARD_KERNEL_ISA now, so a bad value fails at start-up, not mid-training.
+  RS_LOG_DEBUG("rank {}: reduction kernels: {}", options.rank, kernels::activeIsa());
   transport::tcp::TcpTransport::Options tcp;
   tcp.rank = options.rank;
   tcp.size = options.size;

@@ -1,129 +1,136 @@
+// The public reduce()/divide(): validate, then call the chosen instruction set's kernel.
 #include "kernels/reduce.h"
 
-#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "core/base/error.h"
-#include "kernels/half.h"
+#include "core/base/logging.h"
+#include "kernels/kernel_table.h"
 
 namespace railshard::kernels {
 namespace {
 
-struct Sum {
-  template <typename T>
-  static T apply(T x, T y) {
-    return static_cast<T>(x + y);
-  }
-};
-struct Prod {
-  template <typename T>
-  static T apply(T x, T y) {
-    return static_cast<T>(x * y);
-  }
-};
-struct Min {
-  template <typename T>
-  static T apply(T x, T y) {
-    return y < x ? y : x;
-  }
-};
-struct Max {
-  template <typename T>
-  static T apply(T x, T y) {
-    return x < y ? y : x;
-  }
-};
+constexpr const char* kIsaVariable = "RAILSHARD_KERNEL_ISA";
 
-// Plain loops over restrict-free pointers: GCC vectorises these at -O2/-O3 with a runtime
-// alias check. (The hand-vectorised AVX-512/AVX2 paths are issue #3's.)
-template <typename T, typename Op>
-void loop(void* dst, const void* a, const void* b, size_t count) {
-  auto* d = static_cast<T*>(dst);
-  const auto* x = static_cast<const T*>(a);
-  const auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < count; ++i) d[i] = Op::apply(x[i], y[i]);
+const detail::KernelTable& tableFor(Isa isa, bool native_bf16) {
+  switch (isa) {
+    case Isa::kPortable:
+      break;
+    case Isa::kAvx2:
+#ifdef RAILSHARD_KERNELS_HAVE_AVX2
+      return detail::avx2Kernels();
+#else
+      break;
+#endif
+    case Isa::kAvx512:
+#ifdef RAILSHARD_KERNELS_HAVE_AVX512
+      return detail::avx512Kernels(native_bf16 && cpuFeatures().avx512bf16);
+#else
+      (void)native_bf16;
+      break;
+#endif
+  }
+  return detail::portableKernels();
 }
 
-template <uint16_t (*ToBits)(float), float (*FromBits)(uint16_t), typename Op>
-void loop16(void* dst, const void* a, const void* b, size_t count) {
-  auto* d = static_cast<uint16_t*>(dst);
-  const auto* x = static_cast<const uint16_t*>(a);
-  const auto* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < count; ++i) d[i] = ToBits(Op::apply(FromBits(x[i]), FromBits(y[i])));
+// Set by the first reduce()/divide()/activeIsa() (from the environment) or by
+// setIsaForTesting(); reduce() reads it on every call, so it is one relaxed-enough atomic
+// load rather than a lock.
+std::atomic<const detail::KernelTable*> g_active{nullptr};
+
+const detail::KernelTable& chooseFromEnvironment() {
+  const char* value = std::getenv(kIsaVariable);
+  const Isa isa = isaFromSetting(value);
+  RS_LOG_DEBUG("kernels: using {} ({}={}, cpu: {})", name(isa), kIsaVariable,
+               value ? value : "(unset)", describe(cpuFeatures()));
+  return tableFor(isa, true);
 }
 
-template <typename Op>
-void dispatchType(void* dst, const void* a, const void* b, size_t count, DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return loop<float, Op>(dst, a, b, count);
-    case DataType::kFloat64:
-      return loop<double, Op>(dst, a, b, count);
-    case DataType::kFloat16:
-      return loop16<floatToHalf, halfToFloat, Op>(dst, a, b, count);
-    case DataType::kBFloat16:
-      return loop16<floatToBf16, bf16ToFloat, Op>(dst, a, b, count);
-    case DataType::kInt32:
-      return loop<int32_t, Op>(dst, a, b, count);
-    case DataType::kInt64:
-      return loop<int64_t, Op>(dst, a, b, count);
-    case DataType::kUInt8:
-      return loop<uint8_t, Op>(dst, a, b, count);
-  }
-  throw InvalidArgument("reduce: invalid dtype " + std::to_string(static_cast<int>(dtype)));
-}
-
-template <typename T>
-void divideLoop(void* data, size_t count, size_t divisor) {
-  auto* d = static_cast<T*>(data);
-  const T div = static_cast<T>(divisor);
-  for (size_t i = 0; i < count; ++i) d[i] = static_cast<T>(d[i] / div);
-}
-
-template <uint16_t (*ToBits)(float), float (*FromBits)(uint16_t)>
-void divideLoop16(void* data, size_t count, size_t divisor) {
-  auto* d = static_cast<uint16_t*>(data);
-  const float div = static_cast<float>(divisor);
-  for (size_t i = 0; i < count; ++i) d[i] = ToBits(FromBits(d[i]) / div);
+const detail::KernelTable& active() {
+  if (const auto* table = g_active.load(std::memory_order_acquire)) return *table;
+  // Initialised once, thread-safely; if the value is bad the exception propagates and the
+  // next call reads the environment again (and throws again), so no call runs on a guess.
+  static const detail::KernelTable& chosen = chooseFromEnvironment();
+  const detail::KernelTable* expected = nullptr;
+  g_active.compare_exchange_strong(expected, &chosen, std::memory_order_acq_rel);
+  return *g_active.load(std::memory_order_acquire);
 }
 
 }  // namespace
 
+Isa isaFromSetting(const char* value, const CpuFeatures& features) {
+  const std::string text = value ? value : "";
+  std::string lowered = text;
+  for (char& c : lowered) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  if (lowered.empty() || lowered == "auto") return bestIsa(features);
+  const auto isa = parseIsa(text);
+  if (!isa) {
+    throw ConfigError(std::string(kIsaVariable) + ": unknown instruction set '" + text +
+                      "' (expected portable, avx2, avx512 or auto; this CPU runs " +
+                      runnableIsas(features) + ")");
+  }
+  if (!canRun(*isa, features)) {
+    throw ConfigError(std::string(kIsaVariable) + "=" + text + ": this CPU (or build) cannot run " +
+                      std::string(name(*isa)) + " kernels (CPU has: " + describe(features) +
+                      "; it runs " + runnableIsas(features) + ")");
+  }
+  return *isa;
+}
+
+std::string_view activeIsa() {
+  return active().name;
+}
+
+bool setIsaForTesting(Isa isa, bool native_bf16) {
+  if (!canRun(isa)) return false;
+  g_active.store(&tableFor(isa, native_bf16), std::memory_order_release);
+  return true;
+}
+
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
+  if (!isValid(dtype)) {
+    throw InvalidArgument("reduce: invalid dtype " + std::to_string(static_cast<int>(dtype)));
+  }
+  int column = 0;
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      return dispatchType<Sum>(dst, a, b, count, dtype);
+      column = detail::kTableSum;
+      break;
     case ReduceOp::kProd:
-      return dispatchType<Prod>(dst, a, b, count, dtype);
+      column = detail::kTableProd;
+      break;
     case ReduceOp::kMin:
-      return dispatchType<Min>(dst, a, b, count, dtype);
+      column = detail::kTableMin;
+      break;
     case ReduceOp::kMax:
-      return dispatchType<Max>(dst, a, b, count, dtype);
+      column = detail::kTableMax;
+      break;
+    default:
+      throw InvalidArgument("reduce: invalid op " + std::to_string(static_cast<int>(op)));
   }
-  throw InvalidArgument("reduce: invalid op " + std::to_string(static_cast<int>(op)));
+  if (count == 0) return;
+  active().reduce[static_cast<int>(dtype)][column](dst, a, b, count);
 }
 
 void divide(void* data, size_t count, DataType dtype, size_t divisor) {
   if (divisor == 0) throw InvalidArgument("divide: divisor is 0");
-  switch (dtype) {
-    case DataType::kFloat32:
-      return divideLoop<float>(data, count, divisor);
-    case DataType::kFloat64:
-      return divideLoop<double>(data, count, divisor);
-    case DataType::kFloat16:
-      return divideLoop16<floatToHalf, halfToFloat>(data, count, divisor);
-    case DataType::kBFloat16:
-      return divideLoop16<floatToBf16, bf16ToFloat>(data, count, divisor);
-    case DataType::kInt32:
-      return divideLoop<int32_t>(data, count, divisor);
-    case DataType::kInt64:
-      return divideLoop<int64_t>(data, count, divisor);
-    case DataType::kUInt8:
-      return divideLoop<uint8_t>(data, count, divisor);
+  if (divisor > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+    throw InvalidArgument("divide: divisor " + std::to_string(divisor) + " is too large");
   }
-  throw InvalidArgument("divide: invalid dtype " + std::to_string(static_cast<int>(dtype)));
+  if (!isValid(dtype)) {
+    throw InvalidArgument("divide: invalid dtype " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (count == 0) return;
+  // The vector tables leave integer division to the portable loops (x86 has no vector
+  // integer divide, and avg divides once per collective, not once per step).
+  detail::DivideFn fn = active().divide[static_cast<int>(dtype)];
+  if (fn == nullptr) fn = detail::portableKernels().divide[static_cast<int>(dtype)];
+  fn(data, count, divisor);
 }
 
 }  // namespace railshard::kernels
