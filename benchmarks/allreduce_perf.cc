@@ -1,22 +1,27 @@
-// allreduce_perf: nccl-tests' all_reduce_perf for railshard — same options, same columns
-// (time, algbw, busbw, #wrong for out-of-place then in-place), same footer. Rank 0 prints.
+// allreduce_perf: nccl-tests' all_reduce_perf for railshard and its peers — same options,
+// same columns (time, algbw, busbw, #wrong for out-of-place then in-place), same footer. Rank 0
+// prints. --backend picks the library that runs the all-reduce (benchmarks/perf_backend.h);
+// sizes, data, validation and timing are this file's, identical for every backend.
 //
 //   railshard-launch -n 4 allreduce_perf -b 8 -e 64M -f 4
 //   mpirun -np 4 allreduce_perf -b 8 -e 64M -f 4
+//   mpirun -np 4 allreduce_perf --backend mpi -b 8 -e 64M -f 4
+//   railshard-launch -n 4 allreduce_perf --backend gloo -b 8 -e 64M -f 4
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
+#include "benchmarks/perf_backend.h"
 #include "benchmarks/perf_data.h"
 #include "benchmarks/perf_options.h"
 #include "core/base/error.h"
-#include "core/communicator.h"
-#include "launcher/init.h"
 
 namespace railshard::bench {
 namespace {
@@ -28,27 +33,25 @@ struct Result {
 
 // nccl-tests' definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce,
 // the traffic each rank's links must carry, comparable across world sizes. GB = 1e9 bytes.
-double busFactor(int size) { return size > 1 ? 2.0 * (size - 1) / size : 0.0; }
+double busFactor(int size) {
+  return size > 1 ? 2.0 * (size - 1) / size : 0.0;
+}
 
-double combineTime(Communicator& comm, double seconds, int average) {
-  double value = seconds;
+// -a: 0 rank 0's time, 1 mean, 2 min, 3 max.
+PerfBackend::Combine combineFor(int average) {
   switch (average) {
     case 0:
-      comm.broadcast(&value, 1, DataType::kFloat64, 0);
-      return value;
-    case 1:
-      comm.allreduce(&value, 1, DataType::kFloat64, ReduceOp::kAvg);
-      return value;
+      return PerfBackend::Combine::kRoot;
     case 2:
-      comm.allreduce(&value, 1, DataType::kFloat64, ReduceOp::kMin);
-      return value;
+      return PerfBackend::Combine::kMin;
+    case 3:
+      return PerfBackend::Combine::kMax;
     default:
-      comm.allreduce(&value, 1, DataType::kFloat64, ReduceOp::kMax);
-      return value;
+      return PerfBackend::Combine::kAvg;
   }
 }
 
-Result runOne(Communicator& comm, const PerfOptions& options, size_t count, bool in_place,
+Result runOne(PerfBackend& comm, const PerfOptions& options, size_t count, bool in_place,
               std::vector<uint8_t>& send, std::vector<uint8_t>& recv) {
   const size_t bytes = count * sizeOf(options.dtype);
   void* out = recv.data();
@@ -58,9 +61,9 @@ Result runOne(Communicator& comm, const PerfOptions& options, size_t count, bool
     fillInput(in_place ? out : send.data(), count, options.dtype, options.op, comm.rank());
     if (!in_place) std::memset(out, 0, bytes);
     comm.allreduce(in, out, count, options.dtype, options.op);
-    uint64_t wrong = countWrong(out, count, options.dtype, options.op, comm.size());
-    comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum);
-    result.wrong = wrong;
+    const auto wrong =
+        static_cast<int64_t>(countWrong(out, count, options.dtype, options.op, comm.size()));
+    result.wrong = static_cast<size_t>(comm.sumInt64(wrong));
   }
   for (int i = 0; i < options.warmup_iters; ++i) {
     comm.allreduce(in, out, count, options.dtype, options.op);
@@ -70,8 +73,9 @@ Result runOne(Communicator& comm, const PerfOptions& options, size_t count, bool
   for (int i = 0; i < options.iters; ++i) {
     comm.allreduce(in, out, count, options.dtype, options.op);
   }
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.seconds = combineTime(comm, elapsed / options.iters, options.average);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = comm.combine(elapsed / options.iters, combineFor(options.average));
   return result;
 }
 
@@ -88,38 +92,52 @@ int run(int argc, char** argv) {
   const PerfOptions options = parsePerfOptions(argc, argv);
   if (options.help) {
     std::fputs(perfUsage().c_str(), stdout);
+    // Scripts and tests read this line to learn which --backend values this build accepts.
+    std::string built;
+    for (const auto& backend : builtBackends()) built += " " + backend;
+    std::printf("Backends built in:%s\n", built.c_str());
     return 0;
   }
-  auto comm = init();
+  auto comm = makeBackend(options);
+  // Before any output: a dtype or op this backend cannot run is an error, not a bad table.
+  comm->checkSupported(options.dtype, options.op);
   const int rank = comm->rank();
   const int size = comm->size();
   const size_t element = sizeOf(options.dtype);
 
   if (rank == 0) {
-    std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d "
-                "agg iters: 1 validation: %d graph: 0\n",
-                options.min_bytes, options.max_bytes,
-                options.step_factor > 0 ? (std::to_string(static_cast<int>(options.step_factor)) + "(factor)").c_str()
-                                        : (std::to_string(options.step_bytes) + "(bytes)").c_str(),
-                options.warmup_iters, options.iters, options.check ? 1 : 0);
-    std::printf("#\n# Using railshard over %s, %d ranks, chunk %zu bytes\n", "tcp", size,
-                comm->config().chunk_bytes);
+    std::printf(
+        "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d "
+        "agg iters: 1 validation: %d graph: 0\n",
+        options.min_bytes, options.max_bytes,
+        options.step_factor > 0
+            ? (std::to_string(static_cast<int>(options.step_factor)) + "(factor)").c_str()
+            : (std::to_string(options.step_bytes) + "(bytes)").c_str(),
+        options.warmup_iters, options.iters, options.check ? 1 : 0);
+    std::printf("#\n# Using %s\n", comm->describe().c_str());
   }
   // Every rank reports where it runs, like nccl-tests' device list.
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   for (int r = 0; r < size; ++r) {
     if (r == rank) {
-      std::printf("#  Rank %2d Pid %6d on %10s device cpu\n", rank, static_cast<int>(::getpid()), host);
+      std::printf("#  Rank %2d Pid %6d on %10s device cpu\n", rank, static_cast<int>(::getpid()),
+                  host);
       std::fflush(stdout);
     }
     comm->barrier();
   }
   if (rank == 0) {
     std::printf("#\n");
-    std::printf("#                                                              out-of-place                       in-place          \n");
-    std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
-    std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+    std::printf(
+        "#                                                              out-of-place               "
+        "        in-place          \n");
+    std::printf(
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     "
+        "time   algbw   busbw #wrong\n");
+    std::printf(
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            "
+        "(us)  (GB/s)  (GB/s)       \n");
   }
 
   std::vector<uint8_t> send(std::max<size_t>(options.max_bytes, element));
@@ -134,13 +152,15 @@ int run(int argc, char** argv) {
     const Result in_place = runOne(*comm, options, count, true, send, recv);
     total_wrong += out_of_place.wrong + in_place.wrong;
     if (rank == 0) {
-      std::printf("%12zu  %12zu  %8s  %6s  %6i", used, count, std::string(name(options.dtype)).c_str(),
-                  std::string(name(options.op)).c_str(), -1);
+      std::printf("%12zu  %12zu  %8s  %6s  %6i", used, count,
+                  std::string(name(options.dtype)).c_str(), std::string(name(options.op)).c_str(),
+                  -1);
       printColumns(out_of_place, used, size);
       printColumns(in_place, used, size);
       std::printf("\n");
       std::fflush(stdout);
-      const double algbw = in_place.seconds > 0 ? static_cast<double>(used) / in_place.seconds / 1e9 : 0;
+      const double algbw =
+          in_place.seconds > 0 ? static_cast<double>(used) / in_place.seconds / 1e9 : 0;
       busbw_sum += algbw * busFactor(size);
       ++sizes;
     }
@@ -151,13 +171,25 @@ int run(int argc, char** argv) {
     bytes = next;
   }
   if (rank == 0) {
-    std::printf("# Out of bounds values : %zu %s\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
+    std::printf("# Out of bounds values : %zu %s\n", total_wrong,
+                total_wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %g \n", sizes > 0 ? busbw_sum / sizes : 0.0);
     std::printf("#\n");
     std::fflush(stdout);
   }
   comm->barrier();
-  return total_wrong == 0 ? 0 : 1;
+  const int code = total_wrong == 0 ? 0 : 1;
+  if (!comm->shutdown(std::chrono::seconds(10))) {
+    // The table is printed and checked; a peer library stuck closing its connections must not
+    // turn a finished run into a hang (see GlooBackend::teardown).
+    std::fprintf(stderr,
+                 "allreduce_perf: %s backend teardown did not finish within 10 s; "
+                 "exiting without it\n",
+                 std::string(comm->name()).c_str());
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return code;
 }
 
 }  // namespace
@@ -166,7 +198,8 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return railshard::bench::run(argc, argv);
-  } catch (const railshard::Error& e) {
+  } catch (const std::exception& e) {
+    // railshard::Error and the peers' own exceptions (gloo::Exception) alike.
     std::fprintf(stderr, "allreduce_perf: %s\n", e.what());
     return 1;
   }

@@ -50,11 +50,17 @@ std::string perfUsage() {
          "  -n, --iters N          timed iterations per size (default 20)\n"
          "  -w, --warmup_iters N   untimed iterations per size (default 5)\n"
          "  -c, --check 0|1        validate results (default 1)\n"
-         "  -d, --datatype T       float, double, half, bfloat16, int32, int64, uint8 (default float)\n"
+         "  -d, --datatype T       float, double, half, bfloat16, int32, int64, uint8 (default "
+         "float)\n"
          "  -o, --op OP            sum, prod, min, max, avg (default sum)\n"
          "  -a, --average 0..3     report rank 0's (0), mean (1), min (2) or max (3) time\n"
+         "  --backend NAME         railshard (default), mpi or gloo: the library that runs\n"
+         "                         the all-reduce; same sizes, data, checks and columns\n"
+         "  --gloo-algo A          gloo only: ring (gloo::allreduce), hd (halving-doubling)\n"
+         "                         or auto (hd below 4 MiB, ring from there; default)\n"
          "  -h, --help\n"
-         "Run under railshard-launch, mpirun, srun or torchrun; rank 0 prints the table.\n";
+         "Run under railshard-launch, mpirun, srun or torchrun; rank 0 prints the table.\n"
+         "--backend mpi runs under mpirun only; --backend gloo under any of them.\n";
 }
 
 PerfOptions parsePerfOptions(int argc, char** argv) {
@@ -105,6 +111,14 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
       options.op = *op;
     } else if (key == "-a" || key == "--average") {
       options.average = parseInt(key, value, 0, 3);
+    } else if (key == "--backend") {
+      // Checked against what is built when the backend is made, so the error can list them.
+      options.backend = value;
+    } else if (key == "--gloo-algo") {
+      if (value != "ring" && value != "hd" && value != "auto") {
+        throw InvalidArgument(key + ": expected ring, hd or auto, got '" + value + "'");
+      }
+      options.gloo_algo = value;
     } else {
       throw InvalidArgument("unknown option '" + arg + "'\n" + perfUsage());
     }

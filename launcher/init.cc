@@ -21,47 +21,49 @@ bool isLoopback(const std::string& host) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> init() {
-  const auto env = launcher::processEnvironment();
+namespace launcher {
+
+Bootstrap bootstrapStore() {
+  const auto env = processEnvironment();
   Config config = Config::fromEnvironment(&env);
-  const launcher::LaunchEnvironment launch = launcher::detectEnvironment(env);
+  const LaunchEnvironment launch = detectEnvironment(env);
   log::configure(config.log_level, launch.rank);
-  RS_LOG_DEBUG("launched by {}: rank {} of {}, local rank {}", launcher::name(launch.source),
-               launch.rank, launch.size, launch.local_rank);
+  RS_LOG_DEBUG("launched by {}: rank {} of {}, local rank {}", name(launch.source), launch.rank,
+               launch.size, launch.local_rank);
   RS_LOG_DEBUG("config: {}", config.describe());
 
-  Communicator::Options options;
-  options.rank = launch.rank;
-  options.size = launch.size;
-  options.config = config;
+  Bootstrap boot;
+  boot.rank = launch.rank;
+  boot.size = launch.size;
   if (launch.size == 1) {
-    MemoryStore store;
-    return Communicator::create(store, options);
+    boot.config = config;
+    boot.store = std::make_shared<MemoryStore>();
+    return boot;
   }
 
-  std::shared_ptr<launcher::TcpStoreServer> server;
+  std::shared_ptr<TcpStoreServer> server;
   std::string store_addr = launch.store_addr;
-  if (launch.source == launcher::LaunchSource::kMpirun && store_addr.empty()) {
+  if (launch.source == LaunchSource::kMpirun && store_addr.empty()) {
     // Rank 0 starts the store on a free port and MPI carries its address and a fresh token.
     const bool one_host = launch.local_size == launch.size;
-    auto rendezvous = launcher::exchangeThroughMpi(launch.rank, [&] {
+    auto rendezvous = exchangeThroughMpi(launch.rank, [&] {
       std::string host = !config.socket_ifname.empty()
-                             ? launcher::addressForInterface(config.socket_ifname)
-                             : (one_host ? "127.0.0.1" : launcher::defaultHostAddress());
+                             ? addressForInterface(config.socket_ifname)
+                             : (one_host ? "127.0.0.1" : defaultHostAddress());
       const std::string spec =
           host.find(':') != std::string::npos ? "[" + host + "]:0" : host + ":0";
-      const std::string token = config.token.empty() ? launcher::makeJobToken() : config.token;
-      server = std::make_shared<launcher::TcpStoreServer>(
-          transport::tcp::resolve(spec, "store address"), token);
-      return launcher::StoreRendezvous{server->address().toString(), token};
+      const std::string token = config.token.empty() ? makeJobToken() : config.token;
+      server =
+          std::make_shared<TcpStoreServer>(transport::tcp::resolve(spec, "store address"), token);
+      return StoreRendezvous{server->address().toString(), token};
     });
     store_addr = rendezvous.store_addr;
     config.token = rendezvous.token;
   } else if (launch.rank == 0) {
     if (launch.store_fd >= 0) {
-      server = launcher::TcpStoreServer::adopt(launch.store_fd, config.token);
+      server = TcpStoreServer::adopt(launch.store_fd, config.token);
     } else {
-      server = std::make_shared<launcher::TcpStoreServer>(
+      server = std::make_shared<TcpStoreServer>(
           transport::tcp::resolve(store_addr, "RAILSHARD_STORE_ADDR"), config.token);
     }
   }
@@ -70,26 +72,40 @@ std::unique_ptr<Communicator> init() {
         "RAILSHARD_TOKEN is not set: the store and data ports accept any client that "
         "knows the address");
   }
-  options.config = config;
+  boot.config = config;
+  boot.store_addr = store_addr;
+  boot.server_keepalive = server;
 
   const std::string store_host = transport::tcp::splitHostPort(store_addr, "store address").first;
   if (!config.socket_ifname.empty()) {
-    options.advertise_host = launcher::addressForInterface(config.socket_ifname);
+    boot.advertise_host = addressForInterface(config.socket_ifname);
   } else if (isLoopback(store_host)) {
-    options.advertise_host = "127.0.0.1";
+    boot.advertise_host = "127.0.0.1";
   } else {
-    options.advertise_host = launcher::sourceAddressFor(store_host);
+    boot.advertise_host = sourceAddressFor(store_host);
   }
 
-  auto store =
-      std::make_shared<launcher::TcpStore>(store_addr, config.token, config.connect_timeout);
-  auto communicator = Communicator::create(*store, options);
+  boot.store = std::make_shared<TcpStore>(store_addr, config.token, config.connect_timeout);
+  return boot;
+}
+
+}  // namespace launcher
+
+std::unique_ptr<Communicator> init() {
+  launcher::Bootstrap boot = launcher::bootstrapStore();
+  Communicator::Options options;
+  options.rank = boot.rank;
+  options.size = boot.size;
+  options.config = boot.config;
+  options.advertise_host = boot.advertise_host;
+  auto communicator = Communicator::create(*boot.store, options);
+  if (boot.size == 1) return communicator;
   // Peers may still read the store after rank 0 is connected to all of them: the server
   // lives as long as rank 0's communicator.
-  communicator->keepAlive(store);
-  if (server) communicator->keepAlive(server);
-  RS_LOG_INFO("rank {} of {} ready (store {}, advertising {})", launch.rank, launch.size,
-              store_addr, options.advertise_host);
+  communicator->keepAlive(boot.store);
+  if (boot.server_keepalive) communicator->keepAlive(boot.server_keepalive);
+  RS_LOG_INFO("rank {} of {} ready (store {}, advertising {})", boot.rank, boot.size,
+              boot.store_addr, boot.advertise_host);
   return communicator;
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "core/base/config.h"
+#include "core/base/store.h"
 #include "core/communicator.h"
 
 namespace railshard {
@@ -13,4 +16,26 @@ namespace railshard {
 // TimeoutError when peers do not show up within RAILSHARD_CONNECT_TIMEOUT.
 std::unique_ptr<Communicator> init();
 
+namespace launcher {
+
+// What init() has before it forms the mesh: this rank's place in the world and a store every
+// rank is connected to. Exposed so that other libraries (the Gloo benchmark backend) can
+// rendezvous through the same launch environment without a second bootstrap.
+struct Bootstrap {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;  // rank 0's TCP store; a MemoryStore when size is 1
+  // Rank 0: the store server. Keep it as long as any rank may still use the store.
+  std::shared_ptr<void> server_keepalive;
+  Config config;               // from the environment, token filled in when MPI carried it
+  std::string store_addr;      // host:port; empty when size is 1
+  std::string advertise_host;  // the address peers reach this rank at; empty when size is 1
+};
+
+// The environment detection and store hosting init() does (same variables, same errors):
+// rank 0 starts the store (or adopts railshard-launch's socket, or gets its address to the
+// others through MPI) and every rank connects to it.
+Bootstrap bootstrapStore();
+
+}  // namespace launcher
 }  // namespace railshard

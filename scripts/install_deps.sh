@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
   libhwloc-dev nlohmann-json3-dev libcli11-dev
+  libgloo-dev python3-matplotlib
   libibverbs-dev librdmacm-dev
   iproute2
 )

@@ -1,0 +1,68 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "benchmarks/perf_options.h"
+#include "core/base/types.h"
+
+namespace railshard::bench {
+
+// What allreduce_perf needs from a collective library, so that railshard and its peers (MPI,
+// Gloo) run the same sweep, fill and check the same data and print the same columns. Every
+// call is collective: all ranks make it, in the same order.
+class PerfBackend {
+ public:
+  // How combine() folds a per-rank double into one value, as nccl-tests' -a does.
+  enum class Combine { kRoot, kAvg, kMin, kMax };
+
+  virtual ~PerfBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  // One line for the table header: library, version, transport and algorithm choices, so a
+  // saved table says what produced it.
+  virtual std::string describe() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Throws InvalidArgument "<what> is not supported by the <name> backend" when this backend
+  // cannot run dtype/op; called once before the sweep, so the error comes before any output.
+  virtual void checkSupported(DataType dtype, ReduceOp op) const = 0;
+  // In place when send == recv. Blocks until this rank's result is in recv.
+  virtual void allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                         ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  virtual double combine(double value, Combine how) = 0;
+  virtual int64_t sumInt64(int64_t value) = 0;
+
+  // Collective teardown after the last call. Returns false when it did not finish within
+  // `limit`; the caller then exits without waiting for it (results are already printed).
+  virtual bool shutdown(std::chrono::milliseconds limit) {
+    (void)limit;
+    return true;
+  }
+};
+
+// Backends compiled into this binary, the default ("railshard") first.
+std::vector<std::string> builtBackends();
+
+// Starts the backend options.backend names (connecting to the other ranks). Throws
+// InvalidArgument for an unknown name, ConfigError for one that is known but not built here.
+std::unique_ptr<PerfBackend> makeBackend(const PerfOptions& options);
+
+// The per-backend constructors behind makeBackend; the optional ones exist only when CMake
+// found their library (RAILSHARD_HAVE_MPI, RAILSHARD_HAVE_GLOO).
+std::unique_ptr<PerfBackend> makeRailshardBackend(const PerfOptions& options);
+std::unique_ptr<PerfBackend> makeMpiBackend(const PerfOptions& options);
+std::unique_ptr<PerfBackend> makeGlooBackend(const PerfOptions& options);
+
+// The message every backend uses for a dtype or op it cannot run.
+[[noreturn]] void throwUnsupported(std::string_view backend, std::string_view what,
+                                   std::string_view why = {});
+
+}  // namespace railshard::bench
