@@ -158,11 +158,15 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   input.world_size = size_;
   input.shm = shm_ != nullptr;
   input.shm_slot_bytes = shm_ ? shm_->slotBytes() : 0;
-  const auto choice = collectives::chooseAllreduce(input, config_.algorithm);
-  last_algorithm_ = collectives::name(choice.algorithm);
   // Users ask which algorithm ran; at debug level every all-reduce says so, with the model's
-  // estimates behind the choice.
-  RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag), last_algorithm_, choice.reason);
+  // estimates behind the choice. Only then are the strings built: they cost more than a
+  // small shared-memory all-reduce.
+  const bool explain = log::logger().should_log(spdlog::level::debug);
+  const auto choice = collectives::chooseAllreduce(input, config_.algorithm, explain);
+  last_algorithm_ = collectives::name(choice.algorithm);
+  if (explain) {
+    RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag), last_algorithm_, choice.reason);
+  }
   switch (choice.algorithm) {
     case collectives::Algorithm::kShmDirect:
       return shm_->allreduceDirect(send, recv, count, dtype, op, tag);

@@ -53,11 +53,15 @@ ShmEngine::~ShmEngine() {
   // Tell ranks that may still wait for us (ranks in one process share the pid, so the
   // liveness check alone cannot see this).
   segment_->control(rank_).left.store(1);
+  wakeEveryone();
+}
+
+void ShmEngine::wakeEveryone() {
   for (int r = 0; r < size_; ++r) {
     auto& control = segment_->control(r);
-    control.posted.wakeAll();
+    control.box[0].posted.wakeAll();
+    control.box[1].posted.wakeAll();
     control.reduced.wakeAll();
-    control.consumed.wakeAll();
   }
 }
 
@@ -70,12 +74,7 @@ void ShmEngine::abort(ErrorKind kind, const std::string& message) {
   header.abort_kind.store(static_cast<uint32_t>(kind));
   header.abort_rank.store(rank_);
   header.aborted.store(1, header.sleepers);
-  for (int r = 0; r < size_; ++r) {
-    auto& control = segment_->control(r);
-    control.posted.wakeAll();
-    control.reduced.wakeAll();
-    control.consumed.wakeAll();
-  }
+  wakeEveryone();
 }
 
 void ShmEngine::throwAborted() {
@@ -104,8 +103,7 @@ void ShmEngine::checkPeerAlive(int peer, const char* what) {
   }
 }
 
-void ShmEngine::waitFor(int peer, Word word, uint32_t target, const char* what) {
-  FutexWord& flag = segment_->control(peer).*word;
+void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* what) {
   if (FutexWord::reached(flag.load(), target)) return;
   auto& header = segment_->header();
   const Clock::time_point spin_start = Clock::now();
@@ -155,20 +153,25 @@ void ShmEngine::beginStep(const transport::MessageTag& tag) {
   if (segment_->header().aborted.load() != 0) throwAborted();
   tag_ = tag;
   ++step_;
-  // The slots of this step's parity were last used two steps ago; everyone must be done
-  // reading them.
-  for (int r = 0; r < size_; ++r) waitFor(r, &RankControl::consumed, step_ - 2, "release of step buffers");
-  segment_->control(rank_).header[step_ & 1u] = tag;
+  // No wait for the buffers of this parity (last used two steps ago): every step waits for
+  // every rank's post, and a rank posts step k-1 only after it finished reading everything
+  // of step k-2, so having seen all posts of step k-1 already proves the buffers are free.
+  segment_->control(rank_).box[step_ & 1u].header = tag;
 }
 
-void ShmEngine::publish(Word word) {
-  (segment_->control(rank_).*word).store(step_, segment_->header().sleepers);
+void ShmEngine::publishPosted() {
+  segment_->control(rank_).box[step_ & 1u].posted.store(step_, segment_->header().sleepers);
+}
+
+void ShmEngine::publishReduced() {
+  segment_->control(rank_).reduced.store(step_, segment_->header().sleepers);
 }
 
 void ShmEngine::waitPosted(int peer) {
-  waitFor(peer, &RankControl::posted, step_, "data");
-  const transport::MessageTag& theirs = segment_->control(peer).header[step_ & 1u];
-  if (!(theirs == tag_)) {
+  auto& box = segment_->control(peer).box[step_ & 1u];
+  waitFor(peer, box.posted, step_, "data");
+  if (!(box.header == tag_)) {
+    const transport::MessageTag theirs = box.header;
     const std::string message = describeMismatch(rank_, tag_, peer, theirs);
     abort(ErrorKind::kMismatch, message);
     throwAborted();
@@ -204,16 +207,27 @@ void ShmEngine::allreduceDirect(const void* send, void* recv, size_t count, Data
                                 ReduceOp op, const transport::MessageTag& tag) {
   const size_t bytes = count * sizeOf(dtype);
   beginStep(tag);
-  if (bytes > 0) std::memcpy(segment_->inSlot(rank_, step_), send, bytes);
-  publish(&RankControl::posted);
-  std::vector<const void*> sources(static_cast<size_t>(size_));
+  // Small messages travel inside the step box, next to the flag and header.
+  const bool inline_data = bytes <= transport::shm::kInlineBytes;
+  auto dataOf = [&](int r) -> uint8_t* {
+    return inline_data ? segment_->control(r).box[step_ & 1u].inline_data
+                       : segment_->inSlot(r, step_);
+  };
+  if (bytes > 0) std::memcpy(dataOf(rank_), send, bytes);
+  publishPosted();
+  const void* stack_sources[16];
+  std::vector<const void*> heap_sources;
+  const void** sources = stack_sources;
+  if (size_ > 16) {
+    heap_sources.resize(static_cast<size_t>(size_));
+    sources = heap_sources.data();
+  }
   for (int r = 0; r < size_; ++r) {
     waitPosted(r);
-    sources[static_cast<size_t>(r)] = segment_->inSlot(r, step_);
+    sources[r] = dataOf(r);
   }
-  // recv may be send: all operands are read from the slots, never from the user buffers.
-  if (count > 0) reduceAll(recv, sources.data(), count, dtype, op);
-  publish(&RankControl::consumed);
+  // recv may be send: all operands are read from shared memory, never from user buffers.
+  if (count > 0) reduceAll(recv, sources, count, dtype, op);
 }
 
 void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_t count,
@@ -237,7 +251,7 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
       std::memcpy(mine + begin * element, in + (offset + begin) * element,
                   (segmentBegin(r + 1) - begin) * element);
     }
-    publish(&RankControl::posted);
+    publishPosted();
     const size_t my_begin = segmentBegin(static_cast<size_t>(rank_));
     const size_t my_length = segmentBegin(static_cast<size_t>(rank_) + 1) - my_begin;
     for (int r = 0; r < size_; ++r) {
@@ -247,14 +261,13 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
     }
     uint8_t* reduced = segment_->outSlot(rank_, step_);
     if (my_length > 0) reduceAll(reduced, sources.data(), my_length, dtype, op);
-    publish(&RankControl::reduced);
+    publishReduced();
     for (size_t r = 0; r < n; ++r) {
-      waitFor(static_cast<int>(r), &RankControl::reduced, step_, "reduced segment");
+      waitFor(static_cast<int>(r), segment_->control(static_cast<int>(r)).reduced, step_, "reduced segment");
       const size_t begin = segmentBegin(r);
       const size_t bytes = (segmentBegin(r + 1) - begin) * element;
       if (bytes > 0) std::memcpy(out + (offset + begin) * element, segment_->outSlot(static_cast<int>(r), step_), bytes);
     }
-    publish(&RankControl::consumed);
     offset += length;
   } while (offset < count);
 }
@@ -277,7 +290,7 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
       std::memcpy(mine + r * length * element, in + (r * recv_count + offset) * element,
                   length * element);
     }
-    publish(&RankControl::posted);
+    publishPosted();
     const size_t me = static_cast<size_t>(rank_);
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
@@ -290,7 +303,6 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
       reduceAll(reduced, sources.data(), length, dtype, op);
       std::memcpy(out + offset * element, reduced, length * element);
     }
-    publish(&RankControl::consumed);
     offset += length;
   } while (offset < recv_count);
 }
@@ -306,7 +318,7 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
     const size_t length = std::min(piece, send_count - offset);
     beginStep(tag);
     if (length > 0) std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
-    publish(&RankControl::posted);
+    publishPosted();
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
       if (length > 0) {
@@ -314,7 +326,6 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
                     segment_->inSlot(r, step_), length * element);
       }
     }
-    publish(&RankControl::consumed);
     offset += length;
   } while (offset < send_count);
 }
@@ -333,21 +344,19 @@ void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType d
       std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
     }
     // Everyone posts (without data) so that every rank checks every header.
-    publish(&RankControl::posted);
+    publishPosted();
     waitAllPosted();
     if (length > 0 && (rank_ != root || in != out)) {
       std::memcpy(out + offset * element, segment_->inSlot(root, step_), length * element);
     }
-    publish(&RankControl::consumed);
     offset += length;
   } while (offset < count);
 }
 
 void ShmEngine::barrier(const transport::MessageTag& tag) {
   beginStep(tag);
-  publish(&RankControl::posted);
+  publishPosted();
   waitAllPosted();
-  publish(&RankControl::consumed);
 }
 
 }  // namespace railshard::collectives

@@ -50,10 +50,11 @@ class ShmEngine {
   void abort(ErrorKind kind, const std::string& message);
 
  private:
-  using Word = transport::shm::FutexWord transport::shm::RankControl::*;
   void beginStep(const transport::MessageTag& tag);
-  void publish(Word word);
-  void waitFor(int peer, Word word, uint32_t target, const char* what);
+  void publishPosted();
+  void publishReduced();
+  void wakeEveryone();
+  void waitFor(int peer, transport::shm::FutexWord& word, uint32_t target, const char* what);
   void waitPosted(int peer);  // plus the header check
   void waitAllPosted();
   void reduceAll(void* out, const void* const* sources, size_t count, DataType dtype, ReduceOp op);

@@ -73,9 +73,9 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
   return std::numeric_limits<double>::infinity();
 }
 
-TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced) {
+TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, bool explain) {
   Algorithm forced_algorithm;
-  if (parseAlgorithm(forced, forced_algorithm)) {
+  if (!(forced.empty() || forced == "auto") && parseAlgorithm(forced, forced_algorithm)) {
     const bool needs_shm = forced_algorithm == Algorithm::kShmDirect ||
                            forced_algorithm == Algorithm::kShmReduceScatterGather;
     if (needs_shm && !input.shm) {
@@ -96,13 +96,13 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced) 
                       Algorithm::kRecursiveDoubling}) {
     const double cost = estimateMicros(a, input);
     if (!std::isfinite(cost)) continue;
-    reason << name(a) << "=" << cost << "us ";
+    if (explain) reason << name(a) << "=" << cost << "us ";
     if (cost < best_cost) {
       best_cost = cost;
       best = a;
     }
   }
-  return {best, reason.str()};
+  return {best, explain ? reason.str() : std::string()};
 }
 
 }  // namespace railshard::collectives

@@ -37,7 +37,10 @@ struct TunerChoice {
 
 // Picks the cheapest applicable algorithm by the cost model, or `forced` when set (and
 // applicable; a forced shared-memory algorithm without shared memory is a ConfigError).
-TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced);
+// `explain` fills TunerChoice::reason with the estimates; it costs a string per call, so the
+// hot path asks only when debug logging is on.
+TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced,
+                            bool explain = true);
 
 // Estimated microseconds of one all-reduce, by the model (exposed for tests and docs).
 double estimateMicros(Algorithm algorithm, const TunerInput& input);

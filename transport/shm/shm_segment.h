@@ -11,14 +11,24 @@
 
 namespace railshard::transport::shm {
 
-// Per-rank synchronisation block, one cache line pair each so ranks never share a line.
+// What a rank publishes for one step, in one cache line: the step number (the flag others
+// wait on), the collective's header, and a small message's data inline, so a reader of a
+// small all-reduce takes a single cache miss per peer.
+struct alignas(64) StepBox {
+  FutexWord posted;  // holds step k once this box carries step k (boxes alternate by parity)
+  uint32_t reserved;
+  MessageTag header;  // the collective of that step (mismatch check)
+  uint8_t inline_data[24];
+};
+static_assert(sizeof(StepBox) == 64, "one cache line");
+inline constexpr size_t kInlineBytes = sizeof(StepBox::inline_data);
+
+// Per-rank synchronisation block; ranks never share a cache line.
 struct alignas(128) RankControl {
-  FutexWord posted;    // step k: my input for step k is in my in-slot
-  FutexWord reduced;   // step k: my reduced segment for step k is in my out-slot
-  FutexWord consumed;  // step k: I am done reading everyone's slots of step k
+  StepBox box[2];  // by step parity
+  alignas(64) FutexWord reduced;  // step k: my reduced segment of step k is in my out-slot
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> left;  // closed its communicator: no more steps will come
-  MessageTag header[2];  // the collective each step parity belongs to (mismatch check)
 };
 
 struct alignas(128) SegmentHeader {
