@@ -67,24 +67,41 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
     RS_LOG_DEBUG("rank {}: ranks span several hosts; using tcp", rank_);
     return;
   }
-  // Rank 0 creates the segment and unlinks its name once everyone has it mapped, so a killed
-  // job leaves nothing behind in /dev/shm.
+  // Rank 0 sizes and creates the segment, and unlinks its name once everyone has it mapped,
+  // so a killed job leaves nothing behind in /dev/shm. When it cannot (no room in /dev/shm),
+  // it publishes an empty name and everyone stays on TCP.
   std::unique_ptr<transport::shm::ShmSegment> segment;
   if (rank_ == 0) {
-    const std::string name = transport::shm::ShmSegment::makeName();
-    segment = transport::shm::ShmSegment::create(name, size_, config_.shm_slot_bytes);
-    store.setString(key("name", 0), name, timeout);
+    std::string published;
+    try {
+      const size_t slot = transport::shm::chooseSlotBytes(config_.shm_slot_bytes, size_);
+      const std::string name = transport::shm::ShmSegment::makeName();
+      segment = transport::shm::ShmSegment::create(name, size_, slot);
+      published = name + "|" + std::to_string(slot);
+    } catch (const Error& e) {
+      if (config_.transport == "shm") throw;
+      RS_LOG_WARN("shared memory unavailable, using tcp: {}", e.what());
+    }
+    store.setString(key("name", 0), published, timeout);
   } else {
-    const std::string name = store.getString(key("name", 0), timeout);
-    segment = transport::shm::ShmSegment::attach(name, size_, config_.shm_slot_bytes);
+    const std::string published = store.getString(key("name", 0), timeout);
+    if (!published.empty()) {
+      const auto bar = published.find('|');
+      const size_t slot = std::stoull(published.substr(bar + 1));
+      segment = transport::shm::ShmSegment::attach(published.substr(0, bar), size_, slot);
+    } else if (config_.transport == "shm") {
+      throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank 0 could not create the shared memory "
+                        "segment (see its log)");
+    }
     store.setString(key("attached", rank_), "1", timeout);
   }
-  if (rank_ == 0) {
+  if (rank_ == 0 && segment) {
     std::vector<std::string> keys;
     for (int r = 1; r < size_; ++r) keys.push_back(key("attached", r));
     store.wait(keys, timeout);
     segment->unlink();
   }
+  if (!segment) return;
   RS_LOG_DEBUG("rank {}: shared memory segment {} ({} bytes per slot)", rank_, segment->name(),
                segment->slotBytes());
   shm_ = std::make_unique<collectives::ShmEngine>(

@@ -125,11 +125,12 @@ const std::vector<Config::Variable>& Config::variables() {
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct or "
        "shm_rsag. The choice is logged at debug level.",
        [](Config& c, const std::string& v) { c.algorithm = v; }},
-      {"RAILSHARD_SHM_SLOT_BYTES", "1M",
+      {"RAILSHARD_SHM_SLOT_BYTES", "auto",
        "Shared-memory staging slot per rank and step (suffix K, M, G); larger messages are "
-       "pipelined in slot-sized pieces. Must match on all ranks.",
+       "pipelined in slot-sized pieces. auto: 1M, or 8M when ranks outnumber cores (fewer "
+       "hand-offs between time-sliced ranks), shrunk to fit /dev/shm. Rank 0's value is used.",
        [](Config& c, const std::string& v) {
-         c.shm_slot_bytes = parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
+         c.shm_slot_bytes = v == "auto" ? 0 : parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "

@@ -20,7 +20,7 @@ struct Config {
   std::string store_addr;  // host:port of the rendezvous store
   std::string transport = "auto";     // auto | tcp | shm
   std::string algorithm = "auto";     // RAILSHARD_ALGO: auto or a name from the tuner
-  size_t shm_slot_bytes = size_t{1} << 20;
+  size_t shm_slot_bytes = 0;  // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;  // interface (prefix) whose address peers connect to
 

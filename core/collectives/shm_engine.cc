@@ -13,6 +13,7 @@
 
 #include "core/base/logging.h"
 #include "core/collective_tag.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 
 namespace railshard::collectives {
@@ -213,7 +214,7 @@ void ShmEngine::allreduceDirect(const void* send, void* recv, size_t count, Data
     return inline_data ? segment_->control(r).box[step_ & 1u].inline_data
                        : segment_->inSlot(r, step_);
   };
-  if (bytes > 0) std::memcpy(dataOf(rank_), send, bytes);
+  if (bytes > 0) kernels::copy(dataOf(rank_), send, bytes);
   publishPosted();
   const void* stack_sources[16];
   std::vector<const void*> heap_sources;
@@ -248,7 +249,7 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
     for (size_t r = 0; r < n; ++r) {
       if (static_cast<int>(r) == rank_) continue;  // nobody else reads my own segment
       const size_t begin = segmentBegin(r);
-      std::memcpy(mine + begin * element, in + (offset + begin) * element,
+      kernels::copy(mine + begin * element, in + (offset + begin) * element,
                   (segmentBegin(r + 1) - begin) * element);
     }
     publishPosted();
@@ -266,7 +267,7 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
       waitFor(static_cast<int>(r), segment_->control(static_cast<int>(r)).reduced, step_, "reduced segment");
       const size_t begin = segmentBegin(r);
       const size_t bytes = (segmentBegin(r + 1) - begin) * element;
-      if (bytes > 0) std::memcpy(out + (offset + begin) * element, segment_->outSlot(static_cast<int>(r), step_), bytes);
+      if (bytes > 0) kernels::copy(out + (offset + begin) * element, segment_->outSlot(static_cast<int>(r), step_), bytes);
     }
     offset += length;
   } while (offset < count);
@@ -287,7 +288,7 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
     uint8_t* mine = segment_->inSlot(rank_, step_);
     for (size_t r = 0; r < n; ++r) {
       if (static_cast<int>(r) == rank_) continue;
-      std::memcpy(mine + r * length * element, in + (r * recv_count + offset) * element,
+      kernels::copy(mine + r * length * element, in + (r * recv_count + offset) * element,
                   length * element);
     }
     publishPosted();
@@ -301,7 +302,7 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
     uint8_t* reduced = segment_->outSlot(rank_, step_);
     if (length > 0) {
       reduceAll(reduced, sources.data(), length, dtype, op);
-      std::memcpy(out + offset * element, reduced, length * element);
+      kernels::copy(out + offset * element, reduced, length * element);
     }
     offset += length;
   } while (offset < recv_count);
@@ -317,12 +318,12 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
   do {
     const size_t length = std::min(piece, send_count - offset);
     beginStep(tag);
-    if (length > 0) std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+    if (length > 0) kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
     publishPosted();
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
       if (length > 0) {
-        std::memcpy(out + (static_cast<size_t>(r) * send_count + offset) * element,
+        kernels::copy(out + (static_cast<size_t>(r) * send_count + offset) * element,
                     segment_->inSlot(r, step_), length * element);
       }
     }
@@ -341,13 +342,13 @@ void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType d
     const size_t length = std::min(piece, count - offset);
     beginStep(tag);
     if (rank_ == root && length > 0) {
-      std::memcpy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+      kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
     }
     // Everyone posts (without data) so that every rank checks every header.
     publishPosted();
     waitAllPosted();
     if (length > 0 && (rank_ != root || in != out)) {
-      std::memcpy(out + offset * element, segment_->inSlot(root, step_), length * element);
+      kernels::copy(out + offset * element, segment_->inSlot(root, step_), length * element);
     }
     offset += length;
   } while (offset < count);

@@ -5,12 +5,14 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <new>
 #include <random>
+#include <thread>
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
@@ -40,6 +42,24 @@ std::string errnoText() { return std::strerror(errno); }
 size_t ShmSegment::totalBytes(int world_size, size_t slot_bytes) {
   const size_t control = roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * world_size, kPage);
   return control + static_cast<size_t>(world_size) * 4 * roundUp(slot_bytes, kPage);
+}
+
+size_t chooseSlotBytes(size_t requested, int world_size) {
+  size_t slot = requested;
+  if (slot == 0) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    slot = static_cast<unsigned>(world_size) > cores ? (size_t{8} << 20) : (size_t{1} << 20);
+  }
+  struct statvfs info {};
+  if (::statvfs("/dev/shm", &info) != 0) return slot;  // let create() report the problem
+  const size_t free_bytes = static_cast<size_t>(info.f_bavail) * info.f_frsize;
+  const size_t per_slot_total = static_cast<size_t>(world_size) * 4;
+  while (slot > (size_t{64} << 10) && per_slot_total * slot > free_bytes / 2) slot /= 2;
+  if (per_slot_total * slot > free_bytes) {
+    throw Error("shared memory: /dev/shm has " + std::to_string(free_bytes >> 20) +
+                " MiB free, too little for " + std::to_string(world_size) + " ranks");
+  }
+  return slot;
 }
 
 ShmSegment::ShmSegment(std::string name, int world_size, size_t slot_bytes, void* base,
@@ -85,6 +105,15 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
     ::shm_unlink(path.c_str());
     throw Error("shared memory: cannot size " + path + " to " + std::to_string(bytes) +
                 " bytes (is /dev/shm big enough?): " + reason);
+  }
+  // Reserve the pages now: tmpfs allocates lazily, and running out later would be a SIGBUS
+  // in the middle of a collective instead of an error here.
+  const int reserve = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (reserve != 0) {
+    ::close(fd);
+    ::shm_unlink(path.c_str());
+    throw Error("shared memory: cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " +
+                std::strerror(reserve));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
