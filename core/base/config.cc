@@ -127,8 +127,8 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) { c.algorithm = v; }},
       {"RAILSHARD_SHM_SLOT_BYTES", "auto",
        "Shared-memory staging slot per rank and step (suffix K, M, G); larger messages are "
-       "pipelined in slot-sized pieces. auto: 1M, or 8M when ranks outnumber cores (fewer "
-       "hand-offs between time-sliced ranks), shrunk to fit /dev/shm. Rank 0's value is used.",
+       "pipelined in slot-sized pieces. auto: 1M, shrunk to fit /dev/shm. Rank 0's value is "
+       "used.",
        [](Config& c, const std::string& v) {
          c.shm_slot_bytes = v == "auto" ? 0 : parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},

@@ -89,10 +89,9 @@ class ShmSegment {
   uint8_t* data_;
 };
 
-// The slot size for a new segment: `requested` when non-zero, else 1 MiB, or 8 MiB when the
-// ranks outnumber the cores (time-sliced ranks hand off less often with bigger pieces);
-// halved until the segment takes at most half of the free space in /dev/shm. Error when
-// even 64 KiB slots do not fit.
+// The slot size for a new segment: `requested` when non-zero, else 1 MiB; halved until the
+// segment takes at most half of the free space in /dev/shm. Error when even 64 KiB slots do
+// not fit.
 size_t chooseSlotBytes(size_t requested, int world_size);
 
 }  // namespace railshard::transport::shm
