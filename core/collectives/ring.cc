@@ -35,6 +35,15 @@ SegmentLayout SegmentLayout::blocks(size_t block, int size) {
   return layout;
 }
 
+SegmentLayout SegmentLayout::blockSlice(size_t block, size_t begin, size_t length, int size) {
+  SegmentLayout layout;
+  for (size_t r = 0; r < static_cast<size_t>(size); ++r) {
+    layout.offset.push_back(r * block + begin);
+    layout.length.push_back(length);
+  }
+  return layout;
+}
+
 RingPipeline::RingPipeline(const Context& ctx, const SegmentLayout& layout, size_t element_size,
                            int shift)
     : ctx_(ctx), layout_(layout), element_size_(element_size), shift_(shift) {

@@ -16,6 +16,9 @@ struct SegmentLayout {
   static SegmentLayout balanced(size_t count, int size);
   // `size` consecutive blocks of `block` elements (reduce-scatter, allgather).
   static SegmentLayout blocks(size_t block, int size);
+  // Elements [begin, begin + length) of each of `size` consecutive blocks of `block` elements:
+  // one slice of a blocked collective.
+  static SegmentLayout blockSlice(size_t block, size_t begin, size_t length, int size);
 };
 
 // Pipelined ring phases (reduce-scatter then all-gather), each segment cut into the same

@@ -13,18 +13,13 @@ void ringAllgather(const Context& ctx, const void* send, void* recv, size_t send
   uint8_t* mine = out + static_cast<size_t>(ctx.rank) * block_bytes;
   if (send != mine && block_bytes > 0) std::memcpy(mine, send, block_bytes);
   if (ctx.size == 1) return;
-  const size_t n = static_cast<size_t>(ctx.size);
   const size_t slice = sliceSegmentElements(ctx, element_size);
   const size_t slices = send_count == 0 ? 1 : (send_count + slice - 1) / slice;
   uint32_t step_base = 0;
   for (size_t i = 0; i < slices; ++i) {
     const size_t begin = i * slice;
     const size_t length = std::min(slice, send_count - std::min(send_count, begin));
-    SegmentLayout layout;
-    for (size_t r = 0; r < n; ++r) {
-      layout.offset.push_back(r * send_count + begin);
-      layout.length.push_back(length);
-    }
+    const SegmentLayout layout = SegmentLayout::blockSlice(send_count, begin, length, ctx.size);
     RingPipeline ring(ctx, layout, element_size, -1);
     ring.allGather(out, step_base);
     step_base += 1u << 20;

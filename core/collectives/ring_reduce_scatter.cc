@@ -22,12 +22,7 @@ void ringReduceScatter(const Context& ctx, const void* send, void* recv, size_t 
   for (size_t i = 0; i < slices; ++i) {
     const size_t begin = i * slice;
     const size_t length = std::min(slice, recv_count - std::min(recv_count, begin));
-    // Slice i covers elements [begin, begin+length) of every rank's block.
-    SegmentLayout layout;
-    for (size_t r = 0; r < n; ++r) {
-      layout.offset.push_back(r * recv_count + begin);
-      layout.length.push_back(length);
-    }
+    const SegmentLayout layout = SegmentLayout::blockSlice(recv_count, begin, length, ctx.size);
     RingPipeline ring(ctx, layout, element_size, -1);
     uint8_t* result = out + begin * element_size;
     ring.reduceScatter(in, nullptr, result, dtype, op, step_base);
