@@ -19,7 +19,8 @@ double value(int rank, size_t i, DataType dtype, ReduceOp op) {
       return ((static_cast<size_t>(rank) + i) % 3 == 0) ? (is_unsigned ? 2 : -1) : 1;
     case ReduceOp::kMin:
     case ReduceOp::kMax:
-      return static_cast<double>((static_cast<size_t>(rank) * 11 + i * 3) % 13) - (is_unsigned ? 0 : 6);
+      return static_cast<double>((static_cast<size_t>(rank) * 11 + i * 3) % 13) -
+             (is_unsigned ? 0 : 6);
   }
   return 0;
 }
@@ -100,7 +101,8 @@ size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op,
     store(cell, 0, dtype, acc);
     const double expected = load(cell, 0, dtype);
     const double got = load(result, i, dtype);
-    const double tolerance = (op == ReduceOp::kAvg && isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0;
+    const double tolerance =
+        (op == ReduceOp::kAvg && isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0;
     if (!(std::fabs(got - expected) <= tolerance)) ++wrong;
   }
   return wrong;

@@ -67,7 +67,8 @@ std::string describeMismatch(int my_rank, const transport::MessageTag& mine, int
   const std::string me = "rank " + std::to_string(my_rank);
   const std::string them = "rank " + std::to_string(peer);
   auto field = [&](const char* what, const std::string& a, const std::string& b) {
-    if (a != b) out << " " << what << ": " << me << " has " << a << ", " << them << " has " << b << ";";
+    if (a != b)
+      out << " " << what << ": " << me << " has " << a << ", " << them << " has " << b << ";";
   };
   field("collective", kindName(mine.collective), kindName(theirs.collective));
   field("sequence", std::to_string(mine.sequence), std::to_string(theirs.sequence));

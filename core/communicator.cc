@@ -61,8 +61,9 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   }
   if (!same_host) {
     if (config_.transport == "shm") {
-      throw ConfigError("RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
-                        "not share /dev/shm)");
+      throw ConfigError(
+          "RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
+          "not share /dev/shm)");
     }
     RS_LOG_DEBUG("rank {}: ranks span several hosts; using tcp", rank_);
     return;
@@ -90,8 +91,9 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
       const size_t slot = std::stoull(published.substr(bar + 1));
       segment = transport::shm::ShmSegment::attach(published.substr(0, bar), size_, slot);
     } else if (config_.transport == "shm") {
-      throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank 0 could not create the shared memory "
-                        "segment (see its log)");
+      throw ConfigError(
+          "RAILSHARD_TRANSPORT=shm, but rank 0 could not create the shared memory "
+          "segment (see its log)");
     }
     store.setString(key("attached", rank_), "1", timeout);
   }
@@ -208,9 +210,8 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
   transport_->checkHealthy();
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
   if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
-  collectives::ringReduceScatter(
-      makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, recv_count,
-      dtype, op);
+  collectives::ringReduceScatter(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
+                                 send, recv, recv_count, dtype, op);
 }
 
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype) {
@@ -218,15 +219,14 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   checkBuffer("allgather", "send", send, send_count, dtype);
   checkBuffer("allgather", "recv", recv, send_count * static_cast<size_t>(size_), dtype);
   transport_->checkHealthy();
-  const auto tag = makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum,
-                           send_count, 0);
+  const auto tag =
+      makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
   if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
   collectives::ringAllgather(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
                              send, recv, send_count, dtype);
 }
 
-void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype,
-                             int root) {
+void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root) {
   checkTypes("broadcast", dtype, ReduceOp::kSum);
   if (root < 0 || root >= size_) {
     throw InvalidArgument("broadcast: root " + std::to_string(root) + " is outside [0, " +

@@ -18,7 +18,7 @@ class Transport;
 namespace collectives {
 class Workspace;
 class ShmEngine;
-}
+}  // namespace collectives
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
 // in the same order with matching arguments on every rank; every call is checked against the
@@ -53,8 +53,7 @@ class Communicator {
     allreduce(buffer, buffer, count, dtype, op);
   }
   // send: size() * recv_count elements; recv: recv_count elements (block rank()).
-  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
-                     ReduceOp op);
+  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op);
   // send: send_count elements; recv: size() * send_count elements, rank r's at block r.
   void allgather(const void* send, void* recv, size_t send_count, DataType dtype);
   // `send` is read on the root only; every rank's `recv` receives the root's data.
@@ -77,8 +76,8 @@ class Communicator {
 
  private:
   Communicator(const Options& options, std::unique_ptr<transport::Transport> transport);
-  void checkBuffer(const char* collective, const char* what, const void* buffer,
-                   size_t count, DataType dtype) const;
+  void checkBuffer(const char* collective, const char* what, const void* buffer, size_t count,
+                   DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;
   void setUpSharedMemory(Store& store, const std::string& key_prefix);
 

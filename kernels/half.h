@@ -20,7 +20,9 @@ inline uint32_t floatToBits(float f) {
   return bits;
 }
 
-inline float bf16ToFloat(uint16_t h) { return bitsToFloat(static_cast<uint32_t>(h) << 16); }
+inline float bf16ToFloat(uint16_t h) {
+  return bitsToFloat(static_cast<uint32_t>(h) << 16);
+}
 
 inline uint16_t floatToBf16(float f) {
   const uint32_t bits = floatToBits(f);
@@ -52,7 +54,7 @@ inline uint16_t floatToHalf(float f) {
   const uint32_t bits = floatToBits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to Inf
   if (abs < 0x38800000u) {
     // Result is subnormal or zero: add the magic that aligns the mantissa, let the FPU round.

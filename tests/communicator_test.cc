@@ -21,12 +21,11 @@ using test::inputValue;
 using test::loadValue;
 using test::storeValue;
 
-const std::vector<DataType> kDataTypes = {DataType::kFloat32, DataType::kFloat64,
-                                          DataType::kFloat16, DataType::kBFloat16,
-                                          DataType::kInt32,   DataType::kInt64,
-                                          DataType::kUInt8};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
-                                    ReduceOp::kMax, ReduceOp::kAvg};
+const std::vector<DataType> kDataTypes = {
+    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+    DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
+                                    ReduceOp::kAvg};
 
 Config testConfig() {
   Config config;
@@ -70,7 +69,8 @@ std::string compare(const void* buffer, size_t count, int size, DataType dtype, 
 
 void fillInput(std::vector<uint8_t>& buffer, int rank, size_t count, DataType dtype, ReduceOp op) {
   buffer.assign(std::max<size_t>(1, count * sizeOf(dtype)), 0);
-  for (size_t i = 0; i < count; ++i) storeValue(buffer.data(), i, dtype, inputValue(rank, i, dtype, op));
+  for (size_t i = 0; i < count; ++i)
+    storeValue(buffer.data(), i, dtype, inputValue(rank, i, dtype, op));
 }
 
 // (world size, RAILSHARD_ALGO): every algorithm is checked on its own, whatever the tuner
@@ -82,51 +82,56 @@ TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
   const int size = std::get<0>(GetParam());
   const std::string algorithm = std::get<1>(GetParam());
   const std::vector<size_t> counts = {0, 1, 7, 1000, size_t{1} << 20};
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    std::vector<uint8_t> input;
-    std::vector<uint8_t> output;
-    int variant = 0;
-    for (size_t count : counts) {
-      for (DataType dtype : kDataTypes) {
-        for (ReduceOp op : kOps) {
-          fillInput(input, comm.rank(), count, dtype, op);
-          const bool in_place = (variant++ % 2) == 0;
-          if (in_place) {
-            comm.allreduce(input.data(), count, dtype, op);
-          } else {
-            output.assign(input.size(), 0xee);
-            comm.allreduce(input.data(), output.data(), count, dtype, op);
-          }
-          const std::string failures =
-              compare(in_place ? input.data() : output.data(), count, size, dtype, op);
-          if (!failures.empty()) {
-            throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
-                                     std::to_string(count) + " " + std::string(name(dtype)) + " " +
-                                     std::string(name(op)) + (in_place ? " in-place" : "") + ":" +
-                                     failures);
-          }
-          if (size > 1 && std::string(comm.lastAlgorithm()) != algorithm &&
-              !(algorithm == "shm_direct" && comm.lastAlgorithm() == "shm_rsag")) {
-            throw std::runtime_error("ran " + std::string(comm.lastAlgorithm()) + ", not " + algorithm);
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        std::vector<uint8_t> input;
+        std::vector<uint8_t> output;
+        int variant = 0;
+        for (size_t count : counts) {
+          for (DataType dtype : kDataTypes) {
+            for (ReduceOp op : kOps) {
+              fillInput(input, comm.rank(), count, dtype, op);
+              const bool in_place = (variant++ % 2) == 0;
+              if (in_place) {
+                comm.allreduce(input.data(), count, dtype, op);
+              } else {
+                output.assign(input.size(), 0xee);
+                comm.allreduce(input.data(), output.data(), count, dtype, op);
+              }
+              const std::string failures =
+                  compare(in_place ? input.data() : output.data(), count, size, dtype, op);
+              if (!failures.empty()) {
+                throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
+                                         std::to_string(count) + " " + std::string(name(dtype)) +
+                                         " " + std::string(name(op)) +
+                                         (in_place ? " in-place" : "") + ":" + failures);
+              }
+              if (size > 1 && std::string(comm.lastAlgorithm()) != algorithm &&
+                  !(algorithm == "shm_direct" && comm.lastAlgorithm() == "shm_rsag")) {
+                throw std::runtime_error("ran " + std::string(comm.lastAlgorithm()) + ", not " +
+                                         algorithm);
+              }
+            }
           }
         }
-      }
-    }
-  }, [&](int, Config& config) {
-    config.algorithm = algorithm;
-    config.transport = algorithm.rfind("shm", 0) == 0 ? "shm" : "tcp";
-    config.shm_slot_bytes = 256 * 1024;  // several pieces at the largest count
-  });
+      },
+      [&](int, Config& config) {
+        config.algorithm = algorithm;
+        config.transport = algorithm.rfind("shm", 0) == 0 ? "shm" : "tcp";
+        config.shm_slot_bytes = 256 * 1024;  // several pieces at the largest count
+      });
   test::rethrowFirst(errors);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldSizes, AllreduceWorld,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
-                       ::testing::Values("ring", "recursive_doubling", "shm_direct", "shm_rsag")),
-    [](const auto& info) {
-      return "n" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, AllreduceWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
+                                            ::testing::Values("ring", "recursive_doubling",
+                                                              "shm_direct", "shm_rsag")),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 // (world size, RAILSHARD_TRANSPORT)
 class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::string>> {
@@ -143,100 +148,114 @@ class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::st
 
 TEST_P(CollectivesWorld, ReduceScatterMatchesReference) {
   const int size = worldSize();
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{100000}}) {
-      for (DataType dtype : kDataTypes) {
-        for (ReduceOp op : kOps) {
-          const size_t total = block * static_cast<size_t>(size);
-          std::vector<uint8_t> input;
-          fillInput(input, comm.rank(), total, dtype, op);
-          std::vector<uint8_t> output(std::max<size_t>(1, block * sizeOf(dtype)), 0xee);
-          const bool in_place = (block + static_cast<size_t>(dtype)) % 2 == 0;
-          void* result = in_place ? input.data() + comm.rank() * block * sizeOf(dtype) : output.data();
-          comm.reduceScatter(input.data(), result, block, dtype, op);
-          for (size_t i = 0; i < block; ++i) {
-            const size_t global = static_cast<size_t>(comm.rank()) * block + i;
-            const double expected = expectedValue(size, global, dtype, op);
-            const double got = loadValue(result, i, dtype);
-            const double tolerance =
-                (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0;
-            if (std::fabs(got - expected) > tolerance) {
-              throw std::runtime_error("reduce_scatter rank " + std::to_string(comm.rank()) +
-                                       " block " + std::to_string(block) + " " +
-                                       std::string(name(dtype)) + " " + std::string(name(op)) +
-                                       " element " + std::to_string(i) + ": got " +
-                                       std::to_string(got) + " expected " + std::to_string(expected));
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{100000}}) {
+          for (DataType dtype : kDataTypes) {
+            for (ReduceOp op : kOps) {
+              const size_t total = block * static_cast<size_t>(size);
+              std::vector<uint8_t> input;
+              fillInput(input, comm.rank(), total, dtype, op);
+              std::vector<uint8_t> output(std::max<size_t>(1, block * sizeOf(dtype)), 0xee);
+              const bool in_place = (block + static_cast<size_t>(dtype)) % 2 == 0;
+              void* result =
+                  in_place ? input.data() + comm.rank() * block * sizeOf(dtype) : output.data();
+              comm.reduceScatter(input.data(), result, block, dtype, op);
+              for (size_t i = 0; i < block; ++i) {
+                const size_t global = static_cast<size_t>(comm.rank()) * block + i;
+                const double expected = expectedValue(size, global, dtype, op);
+                const double got = loadValue(result, i, dtype);
+                const double tolerance = (op == ReduceOp::kAvg && test::isFloat(dtype))
+                                             ? 1e-2 * std::fabs(expected) + 1e-6
+                                             : 0;
+                if (std::fabs(got - expected) > tolerance) {
+                  throw std::runtime_error(
+                      "reduce_scatter rank " + std::to_string(comm.rank()) + " block " +
+                      std::to_string(block) + " " + std::string(name(dtype)) + " " +
+                      std::string(name(op)) + " element " + std::to_string(i) + ": got " +
+                      std::to_string(got) + " expected " + std::to_string(expected));
+                }
+              }
             }
           }
         }
-      }
-    }
-  }, transport());
+      },
+      transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, AllgatherPlacesEveryRanksBlock) {
   const int size = worldSize();
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{300000}}) {
-      for (DataType dtype : kDataTypes) {
-        const size_t element = sizeOf(dtype);
-        std::vector<uint8_t> mine(std::max<size_t>(1, block * element));
-        for (size_t i = 0; i < block; ++i) {
-          storeValue(mine.data(), i, dtype, inputValue(comm.rank(), i, dtype, ReduceOp::kMax));
-        }
-        std::vector<uint8_t> all(std::max<size_t>(1, block * element * static_cast<size_t>(size)), 0xee);
-        const bool in_place = block % 2 == 1;
-        if (in_place) {
-          std::memcpy(all.data() + comm.rank() * block * element, mine.data(), block * element);
-          comm.allgather(all.data() + comm.rank() * block * element, all.data(), block, dtype);
-        } else {
-          comm.allgather(mine.data(), all.data(), block, dtype);
-        }
-        for (int r = 0; r < size; ++r) {
-          for (size_t i = 0; i < block; ++i) {
-            const double expected = inputValue(r, i, dtype, ReduceOp::kMax);
-            const double got = loadValue(all.data(), static_cast<size_t>(r) * block + i, dtype);
-            if (got != expected) {
-              throw std::runtime_error("allgather block " + std::to_string(block) + " from rank " +
-                                       std::to_string(r) + " element " + std::to_string(i) +
-                                       ": got " + std::to_string(got));
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{300000}}) {
+          for (DataType dtype : kDataTypes) {
+            const size_t element = sizeOf(dtype);
+            std::vector<uint8_t> mine(std::max<size_t>(1, block * element));
+            for (size_t i = 0; i < block; ++i) {
+              storeValue(mine.data(), i, dtype, inputValue(comm.rank(), i, dtype, ReduceOp::kMax));
+            }
+            std::vector<uint8_t> all(
+                std::max<size_t>(1, block * element * static_cast<size_t>(size)), 0xee);
+            const bool in_place = block % 2 == 1;
+            if (in_place) {
+              std::memcpy(all.data() + comm.rank() * block * element, mine.data(), block * element);
+              comm.allgather(all.data() + comm.rank() * block * element, all.data(), block, dtype);
+            } else {
+              comm.allgather(mine.data(), all.data(), block, dtype);
+            }
+            for (int r = 0; r < size; ++r) {
+              for (size_t i = 0; i < block; ++i) {
+                const double expected = inputValue(r, i, dtype, ReduceOp::kMax);
+                const double got = loadValue(all.data(), static_cast<size_t>(r) * block + i, dtype);
+                if (got != expected) {
+                  throw std::runtime_error("allgather block " + std::to_string(block) +
+                                           " from rank " + std::to_string(r) + " element " +
+                                           std::to_string(i) + ": got " + std::to_string(got));
+                }
+              }
             }
           }
         }
-      }
-    }
-  }, transport());
+      },
+      transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, BroadcastFromEveryRoot) {
   const int size = worldSize();
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    for (int root = 0; root < size; ++root) {
-      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{200000}}) {
-        const DataType dtype = root % 2 == 0 ? DataType::kFloat32 : DataType::kInt64;
-        std::vector<uint8_t> buffer(std::max<size_t>(1, count * sizeOf(dtype)), 0);
-        if (comm.rank() == root) {
-          for (size_t i = 0; i < count; ++i) storeValue(buffer.data(), i, dtype, inputValue(root, i, dtype, ReduceOp::kMin));
-        }
-        std::vector<uint8_t> out(buffer.size(), 0xee);
-        const bool in_place = count % 2 == 0;
-        if (in_place) {
-          comm.broadcast(buffer.data(), count, dtype, root);
-        } else {
-          comm.broadcast(comm.rank() == root ? buffer.data() : nullptr, out.data(), count, dtype, root);
-        }
-        const void* result = in_place ? buffer.data() : out.data();
-        for (size_t i = 0; i < count; ++i) {
-          if (loadValue(result, i, dtype) != inputValue(root, i, dtype, ReduceOp::kMin)) {
-            throw std::runtime_error("broadcast root " + std::to_string(root) + " count " +
-                                     std::to_string(count) + " element " + std::to_string(i));
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        for (int root = 0; root < size; ++root) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{200000}}) {
+            const DataType dtype = root % 2 == 0 ? DataType::kFloat32 : DataType::kInt64;
+            std::vector<uint8_t> buffer(std::max<size_t>(1, count * sizeOf(dtype)), 0);
+            if (comm.rank() == root) {
+              for (size_t i = 0; i < count; ++i)
+                storeValue(buffer.data(), i, dtype, inputValue(root, i, dtype, ReduceOp::kMin));
+            }
+            std::vector<uint8_t> out(buffer.size(), 0xee);
+            const bool in_place = count % 2 == 0;
+            if (in_place) {
+              comm.broadcast(buffer.data(), count, dtype, root);
+            } else {
+              comm.broadcast(comm.rank() == root ? buffer.data() : nullptr, out.data(), count,
+                             dtype, root);
+            }
+            const void* result = in_place ? buffer.data() : out.data();
+            for (size_t i = 0; i < count; ++i) {
+              if (loadValue(result, i, dtype) != inputValue(root, i, dtype, ReduceOp::kMin)) {
+                throw std::runtime_error("broadcast root " + std::to_string(root) + " count " +
+                                         std::to_string(count) + " element " + std::to_string(i));
+              }
+            }
           }
         }
-      }
-    }
-  }, transport());
+      },
+      transport());
   test::rethrowFirst(errors);
 }
 
@@ -244,15 +263,19 @@ TEST_P(CollectivesWorld, BarrierHoldsEveryoneUntilTheLastArrives) {
   const int size = worldSize();
   std::atomic<int> arrived{0};
   std::atomic<int> early_leavers{0};
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    for (int round = 0; round < 5; ++round) {
-      if (comm.rank() == round % size) std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      arrived.fetch_add(1);
-      comm.barrier();
-      if (arrived.load() < (round + 1) * size) early_leavers.fetch_add(1);
-      comm.barrier();  // nobody starts the next round before all checked this one
-    }
-  }, transport());
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        for (int round = 0; round < 5; ++round) {
+          if (comm.rank() == round % size)
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          arrived.fetch_add(1);
+          comm.barrier();
+          if (arrived.load() < (round + 1) * size) early_leavers.fetch_add(1);
+          comm.barrier();  // nobody starts the next round before all checked this one
+        }
+      },
+      transport());
   test::rethrowFirst(errors);
   EXPECT_EQ(early_leavers.load(), 0);
 }
@@ -267,7 +290,8 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesWorld,
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
-  std::function<void(int, Config&)> transport(std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
+  std::function<void(int, Config&)> transport(
+      std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
     const std::string name = GetParam();
     return [name, timeout](int, Config& config) {
       config.transport = name;
@@ -280,11 +304,14 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "sh
 // Ranks disagree on the count: every rank raises MismatchError naming both sides and values.
 TEST_P(TransportTest, DifferentCountsRaiseMismatchErrorOnEveryRank) {
   const int size = 4;
-  auto errors = withRanks(size, [&](Communicator& comm) {
-    const size_t count = comm.rank() == 2 ? 7 : 1000;
-    std::vector<float> data(count, 1.0f);
-    comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
-  }, transport());
+  auto errors = withRanks(
+      size,
+      [&](Communicator& comm) {
+        const size_t count = comm.rank() == 2 ? 7 : 1000;
+        std::vector<float> data(count, 1.0f);
+        comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      },
+      transport());
   for (int r = 0; r < size; ++r) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
     try {
@@ -302,22 +329,29 @@ TEST_P(TransportTest, DifferentCountsRaiseMismatchErrorOnEveryRank) {
 }
 
 TEST_P(TransportTest, DifferentOpsAndCollectivesAreCaught) {
-  auto errors = withRanks(3, [&](Communicator& comm) {
-    std::vector<int32_t> data(10, 1);
-    comm.allreduce(data.data(), 10, DataType::kInt32, comm.rank() == 0 ? ReduceOp::kMax : ReduceOp::kSum);
-  }, transport());
+  auto errors = withRanks(
+      3,
+      [&](Communicator& comm) {
+        std::vector<int32_t> data(10, 1);
+        comm.allreduce(data.data(), 10, DataType::kInt32,
+                       comm.rank() == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+      },
+      transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     EXPECT_THROW(std::rethrow_exception(e), MismatchError);
   }
-  errors = withRanks(2, [&](Communicator& comm) {
-    std::vector<int32_t> data(10, 1);
-    if (comm.rank() == 0) {
-      comm.barrier();
-    } else {
-      comm.broadcast(data.data(), 10, DataType::kInt32, 0);
-    }
-  }, transport());
+  errors = withRanks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<int32_t> data(10, 1);
+        if (comm.rank() == 0) {
+          comm.barrier();
+        } else {
+          comm.broadcast(data.data(), 10, DataType::kInt32, 0);
+        }
+      },
+      transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     try {
@@ -329,10 +363,13 @@ TEST_P(TransportTest, DifferentOpsAndCollectivesAreCaught) {
 }
 
 TEST_P(TransportTest, BroadcastRootsThatDisagreeAreCaught) {
-  auto errors = withRanks(2, [&](Communicator& comm) {
-    std::vector<int32_t> data(10, comm.rank());
-    comm.broadcast(data.data(), 10, DataType::kInt32, comm.rank());  // each thinks it is root
-  }, transport());
+  auto errors = withRanks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<int32_t> data(10, comm.rank());
+        comm.broadcast(data.data(), 10, DataType::kInt32, comm.rank());  // each thinks it is root
+      },
+      transport());
   for (auto& e : errors) {
     ASSERT_TRUE(e);
     EXPECT_THROW(std::rethrow_exception(e), MismatchError);
@@ -350,7 +387,8 @@ TEST_P(TransportTest, MissingRankIsATimeoutNamingThePeerAndCollective) {
         if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       },
       transport(std::chrono::milliseconds(500)));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 10.0);
   EXPECT_FALSE(errors[1]);
   for (int r : {0, 2}) {
@@ -366,11 +404,14 @@ TEST_P(TransportTest, MissingRankIsATimeoutNamingThePeerAndCollective) {
 }
 
 TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
-  auto errors = withRanks(2, [&](Communicator& comm) {
-    std::vector<float> data(100, 1.0f);
-    if (comm.rank() == 0) comm.allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum);
-    // rank 1 returns at once: its communicator says goodbye while rank 0 waits
-  }, transport());
+  auto errors = withRanks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<float> data(100, 1.0f);
+        if (comm.rank() == 0) comm.allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum);
+        // rank 1 returns at once: its communicator says goodbye while rank 0 waits
+      },
+      transport());
   EXPECT_FALSE(errors[1]);
   ASSERT_TRUE(errors[0]);
   try {
@@ -384,10 +425,13 @@ TEST(Arguments, BadArgumentsRaiseInvalidArgument) {
   auto errors = withRanks(2, [&](Communicator& comm) {
     std::vector<float> data(4);
     EXPECT_THROW(comm.allreduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum), InvalidArgument);
-    EXPECT_THROW(comm.allreduce(data.data(), 4, static_cast<DataType>(42), ReduceOp::kSum), InvalidArgument);
-    EXPECT_THROW(comm.allreduce(data.data(), 4, DataType::kFloat32, static_cast<ReduceOp>(9)), InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), 4, static_cast<DataType>(42), ReduceOp::kSum),
+                 InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), 4, DataType::kFloat32, static_cast<ReduceOp>(9)),
+                 InvalidArgument);
     EXPECT_THROW(comm.broadcast(data.data(), 4, DataType::kFloat32, 2), InvalidArgument);
-    EXPECT_THROW(comm.allreduce(data.data(), ~size_t{0} / 2, DataType::kFloat32, ReduceOp::kSum), InvalidArgument);
+    EXPECT_THROW(comm.allreduce(data.data(), ~size_t{0} / 2, DataType::kFloat32, ReduceOp::kSum),
+                 InvalidArgument);
     // After argument errors (raised before anything was sent) the communicator still works.
     comm.allreduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
     comm.allreduce(nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
@@ -413,15 +457,18 @@ TEST(Token, PeerWithWrongTokenIsRefused) {
 }
 
 TEST_P(TransportTest, ManySmallCollectivesInARowStayInStep) {
-  auto errors = withRanks(4, [&](Communicator& comm) {
-    for (int i = 0; i < 500; ++i) {
-      int64_t value = comm.rank() + i;
-      comm.allreduce(&value, 1, DataType::kInt64, ReduceOp::kSum);
-      const int64_t expected = 0 + 1 + 2 + 3 + 4 * i;
-      if (value != expected) throw std::runtime_error("iteration " + std::to_string(i));
-    }
-    EXPECT_EQ(comm.sequence(), 500u);
-  }, transport());
+  auto errors = withRanks(
+      4,
+      [&](Communicator& comm) {
+        for (int i = 0; i < 500; ++i) {
+          int64_t value = comm.rank() + i;
+          comm.allreduce(&value, 1, DataType::kInt64, ReduceOp::kSum);
+          const int64_t expected = 0 + 1 + 2 + 3 + 4 * i;
+          if (value != expected) throw std::runtime_error("iteration " + std::to_string(i));
+        }
+        EXPECT_EQ(comm.sequence(), 500u);
+      },
+      transport());
   test::rethrowFirst(errors);
 }
 

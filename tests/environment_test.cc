@@ -54,8 +54,10 @@ TEST(Environment, SlurmNeedsAStoreAddress) {
   const auto message = configErrorOf({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}});
   EXPECT_NE(message.find("RAILSHARD_STORE_ADDR"), std::string::npos) << message;
   EXPECT_NE(message.find("SLURM_NTASKS=8"), std::string::npos) << message;
-  const auto e = detectEnvironment(
-      {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"RAILSHARD_STORE_ADDR", "n1:5000"}});
+  const auto e = detectEnvironment({{"SLURM_PROCID", "1"},
+                                    {"SLURM_NTASKS", "8"},
+                                    {"SLURM_LOCALID", "1"},
+                                    {"RAILSHARD_STORE_ADDR", "n1:5000"}});
   EXPECT_EQ(e.source, LaunchSource::kSlurm);
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.size, 8);
@@ -84,12 +86,17 @@ TEST(Environment, PrecedenceRailshardOverMpirun) {
 }
 
 TEST(Environment, PartialAndContradictoryEnvironmentsAreConfigErrors) {
-  EXPECT_NE(configErrorOf({{"RAILSHARD_RANK", "0"}}).find("RAILSHARD_WORLD_SIZE is not"), std::string::npos);
-  EXPECT_NE(configErrorOf({{"OMPI_COMM_WORLD_SIZE", "4"}}).find("OMPI_COMM_WORLD_RANK"), std::string::npos);
-  EXPECT_NE(configErrorOf({{"RAILSHARD_RANK", "4"}, {"RAILSHARD_WORLD_SIZE", "4"}, {"RAILSHARD_STORE_ADDR", "h:1"}})
-                .find("not below"),
+  EXPECT_NE(configErrorOf({{"RAILSHARD_RANK", "0"}}).find("RAILSHARD_WORLD_SIZE is not"),
             std::string::npos);
-  EXPECT_NE(configErrorOf({{"RAILSHARD_RANK", "x"}, {"RAILSHARD_WORLD_SIZE", "4"}}).find("expected an integer"),
+  EXPECT_NE(configErrorOf({{"OMPI_COMM_WORLD_SIZE", "4"}}).find("OMPI_COMM_WORLD_RANK"),
+            std::string::npos);
+  EXPECT_NE(
+      configErrorOf(
+          {{"RAILSHARD_RANK", "4"}, {"RAILSHARD_WORLD_SIZE", "4"}, {"RAILSHARD_STORE_ADDR", "h:1"}})
+          .find("not below"),
+      std::string::npos);
+  EXPECT_NE(configErrorOf({{"RAILSHARD_RANK", "x"}, {"RAILSHARD_WORLD_SIZE", "4"}})
+                .find("expected an integer"),
             std::string::npos);
   const auto message = configErrorOf({{"OMPI_COMM_WORLD_RANK", "1"},
                                       {"OMPI_COMM_WORLD_SIZE", "4"},

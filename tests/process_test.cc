@@ -22,7 +22,8 @@ int checkPerfTable(const std::string& out) {
   std::istringstream lines(out);
   std::string line;
   int rows = 0;
-  const std::regex row(R"(^(\[0\] )?\s+(\d+)\s+(\d+)\s+float\s+sum\s+-1\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s*$)");
+  const std::regex row(
+      R"(^(\[0\] )?\s+(\d+)\s+(\d+)\s+float\s+sum\s+-1\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s*$)");
   while (std::getline(lines, line)) {
     std::smatch m;
     if (std::regex_match(line, m, row)) {
@@ -37,9 +38,9 @@ int checkPerfTable(const std::string& out) {
 }
 
 TEST(Launch, AllreducePerfUnderRailshardLaunchHasNoWrongValues) {
-  auto r = test::runProcess({kLaunch, "-n", "4", kPerf, "-b", "8", "-e", "4M", "-f", "8", "-n",
-                             "3", "-w", "1"},
-                            {}, std::chrono::seconds(120));
+  auto r = test::runProcess(
+      {kLaunch, "-n", "4", kPerf, "-b", "8", "-e", "4M", "-f", "8", "-n", "3", "-w", "1"}, {},
+      std::chrono::seconds(120));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(checkPerfTable(r.out), 7);  // 8 B .. 2 MiB in steps of 8x
@@ -57,10 +58,10 @@ TEST(Launch, OddWorldSizeAndOtherDtypesValidate) {
 
 #ifdef RAILSHARD_HAVE_MPI
 TEST(Mpirun, AllreducePerfUnderMpirunHasNoWrongValues) {
-  auto r = test::runProcess({RAILSHARD_MPIRUN, "--allow-run-as-root", "--oversubscribe",
-                             "--bind-to", "none", "-np", "4", kPerf, "-b", "8", "-e", "4M", "-f",
-                             "8", "-n", "3", "-w", "1"},
-                            {}, std::chrono::seconds(120));
+  auto r = test::runProcess(
+      {RAILSHARD_MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4",
+       kPerf, "-b", "8", "-e", "4M", "-f", "8", "-n", "3", "-w", "1"},
+      {}, std::chrono::seconds(120));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(checkPerfTable(r.out), 7);
@@ -69,10 +70,11 @@ TEST(Mpirun, AllreducePerfUnderMpirunHasNoWrongValues) {
 
 TEST(Launch, RankThatDiesIsNamedAndSurvivorsGetPeerLostError) {
   const auto start = std::chrono::steady_clock::now();
-  auto r = test::runProcess({kLaunch, "-n", "4", "--grace", "10", kCheck, "--iterations",
-                             "1000000", "--die-rank", "2", "--die-after", "5", "--count", "1000"},
+  auto r = test::runProcess({kLaunch, "-n", "4", "--grace", "10", kCheck, "--iterations", "1000000",
+                             "--die-rank", "2", "--die-after", "5", "--count", "1000"},
                             {{"RAILSHARD_TIMEOUT", "30"}}, std::chrono::seconds(60));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("rank 2"), std::string::npos) << r.err;
@@ -82,7 +84,8 @@ TEST(Launch, RankThatDiesIsNamedAndSurvivorsGetPeerLostError) {
 }
 
 // Ranks started by hand (or by a foreign launcher) with only environment variables.
-test::ProcessResult runWorld(int size, const std::function<std::map<std::string, std::string>(int)>& env_of) {
+test::ProcessResult runWorld(int size,
+                             const std::function<std::map<std::string, std::string>(int)>& env_of) {
   std::vector<test::ProcessResult> results(static_cast<size_t>(size));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
@@ -128,18 +131,20 @@ TEST_P(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
   const auto start = std::chrono::steady_clock::now();
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
-      results[static_cast<size_t>(rank)] = test::runProcess(
-          {kCheck, "--iterations", "100000", "--die-rank", "1", "--die-after", "10", "--count", "1000"},
-          {{"RAILSHARD_RANK", std::to_string(rank)},
-           {"RAILSHARD_WORLD_SIZE", std::to_string(size)},
-           {"RAILSHARD_STORE_ADDR", addr},
-           {"RAILSHARD_TIMEOUT", "60"},
-           {"RAILSHARD_TRANSPORT", GetParam()}},
-          std::chrono::seconds(60));
+      results[static_cast<size_t>(rank)] =
+          test::runProcess({kCheck, "--iterations", "100000", "--die-rank", "1", "--die-after",
+                            "10", "--count", "1000"},
+                           {{"RAILSHARD_RANK", std::to_string(rank)},
+                            {"RAILSHARD_WORLD_SIZE", std::to_string(size)},
+                            {"RAILSHARD_STORE_ADDR", addr},
+                            {"RAILSHARD_TIMEOUT", "60"},
+                            {"RAILSHARD_TRANSPORT", GetParam()}},
+                           std::chrono::seconds(60));
     });
   }
   for (auto& t : threads) t.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(results[1].exit_code, 3);
   for (int rank : {0, 2, 3}) {
     const auto& r = results[static_cast<size_t>(rank)];

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "core/base/error.h"
-#include "transport/shm/shm_segment.h"
 #include "tests/test_util.h"
+#include "transport/shm/shm_segment.h"
 
 namespace railshard::transport::shm {
 namespace {

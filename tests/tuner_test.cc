@@ -47,7 +47,8 @@ TEST(Tuner, ModelMatchesHandWorkedRingEstimate) {
 TEST(Tuner, OverrideIsHonouredAndValidated) {
   EXPECT_EQ(chooseAllreduce(input(64 << 20, 4, false), "recursive_doubling").algorithm,
             Algorithm::kRecursiveDoubling);
-  EXPECT_EQ(chooseAllreduce(input(8, 4, true), "shm_rsag").algorithm, Algorithm::kShmReduceScatterGather);
+  EXPECT_EQ(chooseAllreduce(input(8, 4, true), "shm_rsag").algorithm,
+            Algorithm::kShmReduceScatterGather);
   // shm_direct cannot take more than one slot: falls back to shm_rsag.
   EXPECT_EQ(chooseAllreduce(input(4 << 20, 4, true), "shm_direct").algorithm,
             Algorithm::kShmReduceScatterGather);

@@ -9,7 +9,9 @@ using Clock = std::chrono::steady_clock;
 using Duration = std::chrono::nanoseconds;
 using Deadline = Clock::time_point;
 
-inline Deadline deadlineAfter(Duration timeout) { return Clock::now() + timeout; }
+inline Deadline deadlineAfter(Duration timeout) {
+  return Clock::now() + timeout;
+}
 
 inline double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

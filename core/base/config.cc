@@ -77,7 +77,7 @@ const std::vector<Config::Variable>& Config::variables() {
       {"RAILSHARD_LOG_LEVEL", "warn",
        "Log level: trace, debug, info, warn, error, critical or off.",
        [](Config& c, const std::string& v) {
-         static const char* kLevels[] = {"trace", "debug", "info", "warn",
+         static const char* kLevels[] = {"trace", "debug",    "info", "warn",
                                          "error", "critical", "off"};
          for (const char* level : kLevels) {
            if (v == level) {
@@ -182,8 +182,8 @@ std::string Config::describe() const {
   std::ostringstream out;
   out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
-      << " chunk_bytes=" << chunk_bytes << " transport=" << transport
-      << " algorithm=" << algorithm << " shm_slot_bytes=" << shm_slot_bytes
+      << " chunk_bytes=" << chunk_bytes << " transport=" << transport << " algorithm=" << algorithm
+      << " shm_slot_bytes=" << shm_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " token=" << (token.empty() ? "none" : "set");

@@ -16,13 +16,13 @@ struct Config {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   size_t chunk_bytes = size_t{1} << 20;
-  std::string token;       // job token; empty only for in-process (thread) communicators
-  std::string store_addr;  // host:port of the rendezvous store
-  std::string transport = "auto";     // auto | tcp | shm
-  std::string algorithm = "auto";     // RAILSHARD_ALGO: auto or a name from the tuner
-  size_t shm_slot_bytes = 0;  // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  std::string token;               // job token; empty only for in-process (thread) communicators
+  std::string store_addr;          // host:port of the rendezvous store
+  std::string transport = "auto";  // auto | tcp | shm
+  std::string algorithm = "auto";  // RAILSHARD_ALGO: auto or a name from the tuner
+  size_t shm_slot_bytes = 0;       // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
-  std::string socket_ifname;  // interface (prefix) whose address peers connect to
+  std::string socket_ifname;             // interface (prefix) whose address peers connect to
 
   // Reads every variable of variables() from `env` (the process environment when null).
   // A malformed value is a ConfigError naming the variable and the value.

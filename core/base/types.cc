@@ -33,8 +33,12 @@ std::string lower(std::string_view text) {
 
 }  // namespace
 
-bool isValid(DataType dtype) { return static_cast<unsigned>(dtype) < kNumDataTypes; }
-bool isValid(ReduceOp op) { return static_cast<unsigned>(op) < kNumReduceOps; }
+bool isValid(DataType dtype) {
+  return static_cast<unsigned>(dtype) < kNumDataTypes;
+}
+bool isValid(ReduceOp op) {
+  return static_cast<unsigned>(op) < kNumReduceOps;
+}
 
 size_t sizeOf(DataType dtype) {
   return isValid(dtype) ? kDataTypes[static_cast<size_t>(dtype)].size : 0;

@@ -24,8 +24,8 @@ void ringReduceScatter(const Context& ctx, const void* send, void* recv, size_t 
 void ringAllgather(const Context& ctx, const void* send, void* recv, size_t send_count,
                    DataType dtype);
 // Pipelined chain from the root: (size-1) hops of latency, one message's worth of bandwidth.
-void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count,
-                    DataType dtype, int root);
+void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
+                    int root);
 // ceil(log2(size)) rounds of empty messages at distances 1, 2, 4, ...
 void disseminationBarrier(const Context& ctx);
 

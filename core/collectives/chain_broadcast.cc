@@ -6,8 +6,8 @@
 
 namespace railshard::collectives {
 
-void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count,
-                    DataType dtype, int root) {
+void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
+                    int root) {
   const size_t bytes = count * sizeOf(dtype);
   auto* out = static_cast<uint8_t*>(recv);
   if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(out, send, bytes);
@@ -16,7 +16,9 @@ void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t cou
   const int position = (ctx.rank - root + n) % n;  // 0 = root, n-1 = end of the chain
   const size_t chunks = std::max<size_t>(1, (bytes + ctx.chunk_bytes - 1) / ctx.chunk_bytes);
   auto chunkOffset = [&](size_t c) { return c * ctx.chunk_bytes; };
-  auto chunkBytes = [&](size_t c) { return std::min(ctx.chunk_bytes, bytes - std::min(bytes, chunkOffset(c))); };
+  auto chunkBytes = [&](size_t c) {
+    return std::min(ctx.chunk_bytes, bytes - std::min(bytes, chunkOffset(c)));
+  };
 
   std::vector<transport::RequestPtr> recvs;
   if (position > 0) {
@@ -38,7 +40,8 @@ void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t cou
   // would both "succeed" with nothing broadcast.
   const uint32_t ack_step = static_cast<uint32_t>(chunks);
   const int last = (root + n - 1) % n;
-  if (position == n - 1) sends.push_back(ctx.transport.isend(root, nullptr, 0, ctx.tagAt(ack_step)));
+  if (position == n - 1)
+    sends.push_back(ctx.transport.isend(root, nullptr, 0, ctx.tagAt(ack_step)));
   if (position == 0) ctx.wait(ctx.transport.irecv(last, nullptr, 0, ctx.tagAt(ack_step)));
   for (auto& send_request : sends) ctx.wait(send_request);
 }

@@ -30,7 +30,7 @@ struct Context {
   int rank;
   int size;
   size_t chunk_bytes;
-  Duration timeout;        // per wait
+  Duration timeout;           // per wait
   transport::MessageTag tag;  // this collective's header; algorithms set .step
   Workspace& workspace;
 

@@ -59,7 +59,9 @@ int RingPipeline::segmentAt(int step_offset) const {
   return (((ctx_.rank + step_offset + shift_) % n) + n) % n;
 }
 
-int RingPipeline::ownedSegment() const { return segmentAt(1); }
+int RingPipeline::ownedSegment() const {
+  return segmentAt(1);
+}
 
 size_t RingPipeline::chunkOffset(int segment, size_t chunk) const {
   const size_t length = layout_.length[static_cast<size_t>(segment)];
@@ -78,7 +80,8 @@ void RingPipeline::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint
   const int n = ctx_.size;
   const size_t k = chunks_;
   const size_t segment_bytes = layout_.maxLength() * element_size_;
-  uint8_t* incoming[2] = {ctx_.workspace.get(0, segment_bytes), ctx_.workspace.get(1, segment_bytes)};
+  uint8_t* incoming[2] = {ctx_.workspace.get(0, segment_bytes),
+                          ctx_.workspace.get(1, segment_bytes)};
   uint8_t* partial[2] = {nullptr, nullptr};
   if (final_out != nullptr) {
     partial[0] = ctx_.workspace.get(2, segment_bytes);
@@ -87,7 +90,9 @@ void RingPipeline::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint
   auto stepTag = [&](int step, size_t chunk) {
     return ctx_.tagAt(step_base + static_cast<uint32_t>(static_cast<size_t>(step) * k + chunk));
   };
-  auto bytesAt = [&](int segment) { return layout_.offset[static_cast<size_t>(segment)] * element_size_; };
+  auto bytesAt = [&](int segment) {
+    return layout_.offset[static_cast<size_t>(segment)] * element_size_;
+  };
 
   std::vector<transport::RequestPtr> recvs[2];
   auto postRecvs = [&](int step) {
@@ -113,9 +118,9 @@ void RingPipeline::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint
   {
     const int segment = segmentAt(0);
     for (size_t c = 0; c < k; ++c) {
-      sends.emplace_back(0, ctx_.transport.isend(ctx_.next(),
-                                                 input + bytesAt(segment) + chunkOffset(segment, c),
-                                                 chunkBytes(segment, c), stepTag(0, c)));
+      sends.emplace_back(
+          0, ctx_.transport.isend(ctx_.next(), input + bytesAt(segment) + chunkOffset(segment, c),
+                                  chunkBytes(segment, c), stepTag(0, c)));
     }
   }
   for (int step = 0; step <= n - 2; ++step) {

@@ -40,8 +40,8 @@ class RingPipeline {
   // running reduction of each segment goes (same indexing); may equal `input` (in place).
   // When `final_out` is set, the owned segment's result is written there instead (its
   // intermediate steps then go to workspace), so `accumulate` may be null.
-  void reduceScatter(const uint8_t* input, uint8_t* accumulate, uint8_t* final_out,
-                     DataType dtype, ReduceOp op, uint32_t step_base);
+  void reduceScatter(const uint8_t* input, uint8_t* accumulate, uint8_t* final_out, DataType dtype,
+                     ReduceOp op, uint32_t step_base);
 
   // Circulates every segment so that `data` (indexed by element offset) ends up complete;
   // the owned segment must already be in place.

@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -88,17 +88,16 @@ void ShmEngine::throwAborted() {
 
 void ShmEngine::checkPeerAlive(int peer, const char* what) {
   if (segment_->control(peer).left.load() != 0) {
-    abort(ErrorKind::kPeerLost, "rank " + std::to_string(rank_) + ": rank " +
-                                    std::to_string(peer) + " closed its communicator while " +
-                                    describeTag(tag_) + " waited for its " + what);
+    abort(ErrorKind::kPeerLost, "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+                                    " closed its communicator while " + describeTag(tag_) +
+                                    " waited for its " + what);
     throwAborted();
   }
   const int32_t pid = segment_->control(peer).pid.load();
   if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-    const std::string message = "rank " + std::to_string(rank_) + ": rank " +
-                                std::to_string(peer) + " (pid " + std::to_string(pid) +
-                                ") exited while " + describeTag(tag_) + " waited for its " +
-                                what;
+    const std::string message = "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+                                " (pid " + std::to_string(pid) + ") exited while " +
+                                describeTag(tag_) + " waited for its " + what;
     abort(ErrorKind::kPeerLost, message);
     throwAborted();
   }
@@ -250,24 +249,28 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
       if (static_cast<int>(r) == rank_) continue;  // nobody else reads my own segment
       const size_t begin = segmentBegin(r);
       kernels::copy(mine + begin * element, in + (offset + begin) * element,
-                  (segmentBegin(r + 1) - begin) * element);
+                    (segmentBegin(r + 1) - begin) * element);
     }
     publishPosted();
     const size_t my_begin = segmentBegin(static_cast<size_t>(rank_));
     const size_t my_length = segmentBegin(static_cast<size_t>(rank_) + 1) - my_begin;
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
-      sources[static_cast<size_t>(r)] = r == rank_ ? in + (offset + my_begin) * element
-                                                   : segment_->inSlot(r, step_) + my_begin * element;
+      sources[static_cast<size_t>(r)] = r == rank_
+                                            ? in + (offset + my_begin) * element
+                                            : segment_->inSlot(r, step_) + my_begin * element;
     }
     uint8_t* reduced = segment_->outSlot(rank_, step_);
     if (my_length > 0) reduceAll(reduced, sources.data(), my_length, dtype, op);
     publishReduced();
     for (size_t r = 0; r < n; ++r) {
-      waitFor(static_cast<int>(r), segment_->control(static_cast<int>(r)).reduced, step_, "reduced segment");
+      waitFor(static_cast<int>(r), segment_->control(static_cast<int>(r)).reduced, step_,
+              "reduced segment");
       const size_t begin = segmentBegin(r);
       const size_t bytes = (segmentBegin(r + 1) - begin) * element;
-      if (bytes > 0) kernels::copy(out + (offset + begin) * element, segment_->outSlot(static_cast<int>(r), step_), bytes);
+      if (bytes > 0)
+        kernels::copy(out + (offset + begin) * element,
+                      segment_->outSlot(static_cast<int>(r), step_), bytes);
     }
     offset += length;
   } while (offset < count);
@@ -289,14 +292,15 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
     for (size_t r = 0; r < n; ++r) {
       if (static_cast<int>(r) == rank_) continue;
       kernels::copy(mine + r * length * element, in + (r * recv_count + offset) * element,
-                  length * element);
+                    length * element);
     }
     publishPosted();
     const size_t me = static_cast<size_t>(rank_);
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
-      sources[static_cast<size_t>(r)] = r == rank_ ? in + (me * recv_count + offset) * element
-                                                   : segment_->inSlot(r, step_) + me * length * element;
+      sources[static_cast<size_t>(r)] = r == rank_
+                                            ? in + (me * recv_count + offset) * element
+                                            : segment_->inSlot(r, step_) + me * length * element;
     }
     // Accumulate in the out-slot: recv may overlap our own block of send (in place).
     uint8_t* reduced = segment_->outSlot(rank_, step_);
@@ -318,13 +322,14 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
   do {
     const size_t length = std::min(piece, send_count - offset);
     beginStep(tag);
-    if (length > 0) kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+    if (length > 0)
+      kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
     publishPosted();
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
       if (length > 0) {
         kernels::copy(out + (static_cast<size_t>(r) * send_count + offset) * element,
-                    segment_->inSlot(r, step_), length * element);
+                      segment_->inSlot(r, step_), length * element);
       }
     }
     offset += length;

@@ -38,8 +38,12 @@ bool parseAlgorithm(const std::string& text, Algorithm& out) {
 // Figures measured on the development machine (docs/benchmarks.md): a cross-core flag
 // hand-off through shared memory costs about a microsecond; loopback TCP about 30 us per
 // message once the progress thread's wake-up is counted.
-LinkModel shmModel() { return {1.0, 8.0}; }
-LinkModel tcpModel() { return {30.0, 1.5}; }
+LinkModel shmModel() {
+  return {1.0, 8.0};
+}
+LinkModel tcpModel() {
+  return {30.0, 1.5};
+}
 
 double estimateMicros(Algorithm algorithm, const TunerInput& input) {
   const double n = input.world_size;
@@ -47,7 +51,8 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
   auto transfer = [](double b, const LinkModel& m) { return b / (m.beta_gbps * 1e3); };  // us
   switch (algorithm) {
     case Algorithm::kShmDirect: {
-      if (!input.shm || input.bytes > input.shm_slot_bytes) return std::numeric_limits<double>::infinity();
+      if (!input.shm || input.bytes > input.shm_slot_bytes)
+        return std::numeric_limits<double>::infinity();
       // copy in, then read all n inputs and write the result
       const LinkModel m = shmModel();
       return 2 * m.alpha_us + transfer(bytes * (1 + n + 1), m);
@@ -55,7 +60,8 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
     case Algorithm::kShmReduceScatterGather: {
       if (!input.shm) return std::numeric_limits<double>::infinity();
       const LinkModel m = shmModel();
-      const double pieces = std::max(1.0, std::ceil(bytes / std::max<double>(1, static_cast<double>(input.shm_slot_bytes))));
+      const double pieces = std::max(
+          1.0, std::ceil(bytes / std::max<double>(1, static_cast<double>(input.shm_slot_bytes))));
       // copy in (n-1)/n, reduce own 1/n reading n operands, write + copy out everything
       return pieces * 3 * m.alpha_us + transfer(bytes * ((n - 1) / n + 1 + 1 + 1), m);
     }
@@ -85,7 +91,8 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
     }
     // shm_direct only fits messages up to one slot; larger ones fall back to shm_rsag.
     if (forced_algorithm == Algorithm::kShmDirect && input.bytes > input.shm_slot_bytes) {
-      return {Algorithm::kShmReduceScatterGather, "RAILSHARD_ALGO=shm_direct, message larger than a slot"};
+      return {Algorithm::kShmReduceScatterGather,
+              "RAILSHARD_ALGO=shm_direct, message larger than a slot"};
     }
     return {forced_algorithm, "RAILSHARD_ALGO=" + forced};
   }

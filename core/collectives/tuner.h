@@ -6,9 +6,9 @@
 namespace railshard::collectives {
 
 enum class Algorithm {
-  kRing,                // TCP: pipelined ring reduce-scatter + all-gather
-  kRecursiveDoubling,   // TCP: log2(n) exchanges of the whole buffer (fold-in for non-2^k)
-  kShmDirect,           // shared memory: everyone reduces everything, one synchronisation
+  kRing,                    // TCP: pipelined ring reduce-scatter + all-gather
+  kRecursiveDoubling,       // TCP: log2(n) exchanges of the whole buffer (fold-in for non-2^k)
+  kShmDirect,               // shared memory: everyone reduces everything, one synchronisation
   kShmReduceScatterGather,  // shared memory: segment per rank, then copy-out
 };
 
@@ -26,7 +26,7 @@ struct LinkModel {
 struct TunerInput {
   size_t bytes = 0;
   int world_size = 1;
-  bool shm = false;         // all ranks on one host with a shared segment
+  bool shm = false;  // all ranks on one host with a shared segment
   size_t shm_slot_bytes = 0;
 };
 

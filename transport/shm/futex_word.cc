@@ -24,7 +24,9 @@ void FutexWord::store(uint32_t value, std::atomic<uint32_t>& sleepers) {
   if (sleepers.load(std::memory_order_seq_cst) > 0) wakeAll();
 }
 
-void FutexWord::wakeAll() { futex(&value_, FUTEX_WAKE, INT_MAX, nullptr); }
+void FutexWord::wakeAll() {
+  futex(&value_, FUTEX_WAKE, INT_MAX, nullptr);
+}
 
 void FutexWord::sleepWhile(uint32_t seen, Duration max_wait, std::atomic<uint32_t>& sleepers) {
   const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(max_wait).count();

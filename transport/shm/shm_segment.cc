@@ -32,9 +32,13 @@ std::string shmPath(const std::string& name) {
   return path;
 }
 
-size_t roundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
+size_t roundUp(size_t value, size_t to) {
+  return (value + to - 1) / to * to;
+}
 
-std::string errnoText() { return std::strerror(errno); }
+std::string errnoText() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
@@ -110,8 +114,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
   if (reserve != 0) {
     ::close(fd);
     ::shm_unlink(path.c_str());
-    throw Error("shared memory: cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " +
-                std::strerror(reserve));
+    throw Error("shared memory: cannot reserve " + std::to_string(bytes >> 20) +
+                " MiB in /dev/shm: " + std::strerror(reserve));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
@@ -174,8 +178,8 @@ int ShmSegment::removeStale() {
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // creator alive (or not ours to judge)
     if (::shm_unlink(shmPath(entry->d_name).c_str()) == 0) {
       ++removed;
-      RS_LOG_INFO("removed stale shared memory /dev/shm/{} (creator pid {} is gone)",
-                  entry->d_name, pid);
+      RS_LOG_INFO("removed stale shared memory /dev/shm/{} (creator pid {} is gone)", entry->d_name,
+                  pid);
     }
   }
   ::closedir(dir);

@@ -25,7 +25,7 @@ inline constexpr size_t kInlineBytes = sizeof(StepBox::inline_data);
 
 // Per-rank synchronisation block; ranks never share a cache line.
 struct alignas(128) RankControl {
-  StepBox box[2];  // by step parity
+  StepBox box[2];                 // by step parity
   alignas(64) FutexWord reduced;  // step k: my reduced segment of step k is in my out-slot
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> left;  // closed its communicator: no more steps will come

@@ -31,7 +31,9 @@ void Fd::reset(int fd) {
   fd_ = fd;
 }
 
-std::string errnoText(int err) { return std::string(std::strerror(err)); }
+std::string errnoText(int err) {
+  return std::string(std::strerror(err));
+}
 
 std::string SockAddr::toString() const {
   char host[INET6_ADDRSTRLEN] = {0};

@@ -148,8 +148,9 @@ void TcpTransport::connectMesh(Store& store) {
     try {
       recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
     } catch (const PeerLostError&) {
-      throw PeerLostError(what + ": the peer refused the connection (different RAILSHARD_TOKEN "
-                                 "or world size?)");
+      throw PeerLostError(what +
+                          ": the peer refused the connection (different RAILSHARD_TOKEN "
+                          "or world size?)");
     }
     if (ack.magic != kHelloMagic || static_cast<int>(ack.rank) != r) {
       throw ProtocolError(what + ": unexpected reply to hello");
@@ -168,12 +169,12 @@ void TcpTransport::connectMesh(Store& store) {
     } catch (const TimeoutError&) {
       std::string missing;
       for (int r = rank + 1; r < size; ++r) {
-        if (!peers_[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!peers_[static_cast<size_t>(r)])
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
-      throw TimeoutError("rank " + std::to_string(rank) + ": rank(s) " + missing +
-                         " did not connect within " +
-                         std::to_string(std::chrono::duration<double>(options_.connect_timeout).count()) +
-                         " s");
+      throw TimeoutError(
+          "rank " + std::to_string(rank) + ": rank(s) " + missing + " did not connect within " +
+          std::to_string(std::chrono::duration<double>(options_.connect_timeout).count()) + " s");
     }
     const std::string from = peerAddress(fd.get()).toString();
     // A silent or slow client must not hold start-up for long.
@@ -194,7 +195,8 @@ void TcpTransport::connectMesh(Store& store) {
     } catch (const Error& e) {
       reason = e.what();
     }
-    if (reason.empty() && peers_[hello.rank]) reason = "rank " + std::to_string(hello.rank) + " connected twice";
+    if (reason.empty() && peers_[hello.rank])
+      reason = "rank " + std::to_string(hello.rank) + " connected twice";
     if (!reason.empty()) {
       RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, from, reason);
       continue;  // fd closes here; keep waiting for the real peers
@@ -337,14 +339,14 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
     if (!peer.staged.empty()) {
       auto staged = peer.staged.front();
       if (!(staged->header.tag == tag) || staged->header.payload_bytes != bytes) {
-        problem = options_.formatter.mismatch
-                      ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged->header.tag)
-                      : "tag mismatch";
+        problem =
+            options_.formatter.mismatch
+                ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged->header.tag)
+                : "tag mismatch";
         if (staged->header.tag == tag) {
-          problem = "rank " + std::to_string(options_.rank) + " expected " +
-                    std::to_string(bytes) + " bytes for " + describe(tag) + " but rank " +
-                    std::to_string(peer_rank) + " sent " +
-                    std::to_string(staged->header.payload_bytes) +
+          problem = "rank " + std::to_string(options_.rank) + " expected " + std::to_string(bytes) +
+                    " bytes for " + describe(tag) + " but rank " + std::to_string(peer_rank) +
+                    " sent " + std::to_string(staged->header.payload_bytes) +
                     " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
         }
       } else {
@@ -397,8 +399,7 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   {
     waiters_.fetch_add(1);
     std::unique_lock<std::mutex> lock(state_mutex_);
-    state_changed_.wait_until(lock, deadline,
-                              [&] { return request->done() || failed_.load(); });
+    state_changed_.wait_until(lock, deadline, [&] { return request->done() || failed_.load(); });
     waiters_.fetch_sub(1);
     if (request->done()) return;
   }
@@ -412,7 +413,9 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   checkHealthy();
 }
 
-void TcpTransport::abort(std::exception_ptr error, bool tell_peers) { fail(error, tell_peers); }
+void TcpTransport::abort(std::exception_ptr error, bool tell_peers) {
+  fail(error, tell_peers);
+}
 
 void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
   {
@@ -510,8 +513,7 @@ void TcpTransport::flushSendsLocked(Peer& peer) {
       }
     } else {
       const size_t offset = op.written - sizeof(FrameHeader);
-      iov[iov_count++] = {const_cast<uint8_t*>(op.data) + offset,
-                          op.header.payload_bytes - offset};
+      iov[iov_count++] = {const_cast<uint8_t*>(op.data) + offset, op.header.payload_bytes - offset};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -597,8 +599,7 @@ void TcpTransport::handleReadable(Peer& peer) {
       n = ::recv(peer.fd.get(), reinterpret_cast<uint8_t*>(&peer.header) + peer.header_got,
                  sizeof(FrameHeader) - peer.header_got, MSG_DONTWAIT);
     } else {
-      const size_t want =
-          std::min<size_t>(peer.header.payload_bytes - peer.payload_got, budget);
+      const size_t want = std::min<size_t>(peer.header.payload_bytes - peer.payload_got, budget);
       n = ::recv(peer.fd.get(), peer.target + peer.payload_got, want, MSG_DONTWAIT);
     }
     if (n == 0) {
@@ -646,8 +647,8 @@ void TcpTransport::onHeader(Peer& peer) {
     validateFrameHeader(peer.header);
   } catch (const ProtocolError& e) {
     fail(makeError(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " +
-                                             peerName(peer.rank) + " broke the protocol: " +
-                                             e.what()),
+                                             peerName(peer.rank) +
+                                             " broke the protocol: " + e.what()),
          true);
     return;
   }
@@ -729,8 +730,9 @@ void TcpTransport::onPayloadComplete(Peer& peer) {
     // abort frames, so every peer reads an abort before it sees that rank's connection end.
     const bool tagged = peer.abort_text.find("[reported by rank") != std::string::npos;
     fail(makeError(static_cast<ErrorKind>(peer.header.error_kind),
-                   tagged ? peer.abort_text
-                          : peer.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
+                   tagged
+                       ? peer.abort_text
+                       : peer.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
          true);
     return;
   }

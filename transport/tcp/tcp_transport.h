@@ -96,7 +96,7 @@ class TcpTransport : public Transport {
   mutable std::mutex state_mutex_;
   std::condition_variable state_changed_;
   std::atomic<int> waiters_{0};
-  bool failing_ = false;           // guarded by state_mutex_: the first fail() wins
+  bool failing_ = false;             // guarded by state_mutex_: the first fail() wins
   std::atomic<bool> failed_{false};  // published once user memory is detached
   std::atomic<bool> reader_quiesced_{false};
   std::exception_ptr error_;  // guarded by state_mutex_
