@@ -14,76 +14,9 @@
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {
-namespace {
-
-constexpr uint64_t kWakeToken = ~uint64_t{0};
-// Largest message staged when it arrives before its receive is posted. Bounds what a
-// confused or hostile peer can make us allocate.
-constexpr uint64_t kMaxStagedBytes = uint64_t{1} << 34;
-// Bytes read from one peer per epoll event before others get a turn.
-constexpr size_t kReadBudget = size_t{8} << 20;
-// How long a closing transport waits for its peers' goodbyes so that no connection is reset
-// while a peer may still read from it.
-constexpr auto kLinger = std::chrono::seconds(2);
-
-}  // namespace
-
-struct TcpTransport::SendOp : Request {
-  SendOp(int peer, const void* payload, size_t bytes, const MessageTag& tag, bool internal)
-      : Request(Kind::kSend, peer, bytes, tag),
-        data(static_cast<const uint8_t*>(payload)),
-        internal(internal) {
-    header.kind = static_cast<uint8_t>(FrameKind::kData);
-    header.payload_bytes = bytes;
-    header.tag = tag;
-  }
-  FrameHeader header;
-  const uint8_t* data;
-  size_t written = 0;  // of header + payload
-  bool internal;       // abort/bye frames: nobody waits on them
-  std::string owned;   // payload storage of internal frames
-};
-
-struct TcpTransport::RecvOp : Request {
-  RecvOp(int peer, void* buffer, size_t bytes, const MessageTag& tag)
-      : Request(Kind::kRecv, peer, bytes, tag), data(static_cast<uint8_t*>(buffer)) {}
-  uint8_t* data;
-};
-
-// A data frame that arrived before its receive was posted.
-struct TcpTransport::Staged {
-  FrameHeader header;
-  std::vector<uint8_t> bytes;
-  bool complete = false;
-  std::shared_ptr<RecvOp> claimer;  // receive posted while the payload was still arriving
-};
-
-struct TcpTransport::Peer {
-  int rank = -1;
-  Fd fd;
-  std::string address;
-
-  std::mutex mutex;  // guards everything below up to the reader state
-  std::deque<std::shared_ptr<SendOp>> sends;
-  bool write_interest = false;
-  std::deque<std::shared_ptr<RecvOp>> recvs;
-  std::deque<std::shared_ptr<Staged>> staged;
-  bool bye_received = false;
-  bool read_closed = false;  // peer half-closed after its goodbye; we may still write
-  bool lost = false;
-
-  // Reader state: touched by the progress thread only.
-  FrameHeader header;
-  size_t header_got = 0;
-  bool in_payload = false;
-  uint8_t* target = nullptr;
-  size_t payload_got = 0;
-  std::shared_ptr<RecvOp> target_op;
-  std::shared_ptr<Staged> target_staged;
-  std::string abort_text;
-};
 
 TcpTransport::TcpTransport(Options options) : options_(std::move(options)) {}
 
@@ -102,7 +35,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, Options options
   }
   epoll_event wake_event{};
   wake_event.events = EPOLLIN;
-  wake_event.data.u64 = kWakeToken;
+  wake_event.data.u64 = detail::kWakeToken;
   ::epoll_ctl(transport->epoll_fd_.get(), EPOLL_CTL_ADD, transport->wake_fd_.get(), &wake_event);
   for (auto& peer : transport->peers_) {
     if (!peer) continue;
@@ -116,105 +49,6 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, Options options
   return transport;
 }
 
-void TcpTransport::connectMesh(Store& store) {
-  const int rank = options_.rank;
-  const int size = options_.size;
-  const Deadline deadline = deadlineAfter(options_.connect_timeout);
-  std::string host = options_.advertise_host.empty() ? "127.0.0.1" : options_.advertise_host;
-  const std::string bind_spec =
-      host.find(':') != std::string::npos ? "[" + host + "]:0" : host + ":0";
-  listen_fd_ = listenOn(resolve(bind_spec, "tcp transport listen address"));
-  const std::string my_address = localAddress(listen_fd_.get()).toString();
-  auto keyOf = [&](int r) { return options_.key_prefix + "/tcp/addr/" + std::to_string(r); };
-  store.setString(keyOf(rank), my_address, options_.connect_timeout);
-  RS_LOG_DEBUG("rank {}: tcp transport listening on {}", rank, my_address);
-
-  const std::string token = options_.token.substr(0, kMaxToken);
-  // Connect to every lower rank; accept every higher one. Lower ranks accept only after
-  // their own connects finish, and rank 0 connects to nobody, so this cannot deadlock.
-  for (int r = 0; r < rank; ++r) {
-    const auto left = std::max<Duration>(Duration(0), deadline - Clock::now());
-    const std::string address = store.getString(keyOf(r), left);
-    const std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
-                             std::to_string(r) + " at " + address;
-    Fd fd = connectWithRetry(resolve(address, what), deadline, what);
-    Hello hello;
-    hello.rank = static_cast<uint32_t>(rank);
-    hello.world_size = static_cast<uint32_t>(size);
-    hello.token_bytes = static_cast<uint16_t>(token.size());
-    sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
-    sendAll(fd.get(), token.data(), token.size(), deadline, what);
-    Hello ack;
-    try {
-      recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
-    } catch (const PeerLostError&) {
-      throw PeerLostError(what +
-                          ": the peer refused the connection (different RAILSHARD_TOKEN "
-                          "or world size?)");
-    }
-    if (ack.magic != kHelloMagic || static_cast<int>(ack.rank) != r) {
-      throw ProtocolError(what + ": unexpected reply to hello");
-    }
-    auto peer = std::make_unique<Peer>();
-    peer->rank = r;
-    peer->address = address;
-    peer->fd = std::move(fd);
-    peers_[static_cast<size_t>(r)] = std::move(peer);
-  }
-  int expected = size - 1 - rank;
-  while (expected > 0) {
-    Fd fd;
-    try {
-      fd = acceptBefore(listen_fd_.get(), deadline, "rank " + std::to_string(rank));
-    } catch (const TimeoutError&) {
-      std::string missing;
-      for (int r = rank + 1; r < size; ++r) {
-        if (!peers_[static_cast<size_t>(r)])
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw TimeoutError(
-          "rank " + std::to_string(rank) + ": rank(s) " + missing + " did not connect within " +
-          std::to_string(std::chrono::duration<double>(options_.connect_timeout).count()) + " s");
-    }
-    const std::string from = peerAddress(fd.get()).toString();
-    // A silent or slow client must not hold start-up for long.
-    const Deadline hello_deadline = std::min(deadline, deadlineAfter(std::chrono::seconds(5)));
-    Hello hello;
-    std::string received_token;
-    std::string reason;
-    try {
-      recvAll(fd.get(), &hello, sizeof(hello), hello_deadline, "hello from " + from);
-      if (hello.token_bytes > kMaxToken) {
-        reason = "token too long";
-      } else {
-        received_token.resize(hello.token_bytes);
-        recvAll(fd.get(), received_token.data(), received_token.size(), hello_deadline,
-                "hello from " + from);
-        reason = checkHello(hello, received_token, token, rank, size);
-      }
-    } catch (const Error& e) {
-      reason = e.what();
-    }
-    if (reason.empty() && peers_[hello.rank])
-      reason = "rank " + std::to_string(hello.rank) + " connected twice";
-    if (!reason.empty()) {
-      RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, from, reason);
-      continue;  // fd closes here; keep waiting for the real peers
-    }
-    Hello ack;
-    ack.rank = static_cast<uint32_t>(rank);
-    ack.world_size = static_cast<uint32_t>(size);
-    sendAll(fd.get(), &ack, sizeof(ack), deadline, "hello reply to " + from);
-    auto peer = std::make_unique<Peer>();
-    peer->rank = static_cast<int>(hello.rank);
-    peer->address = from;
-    peer->fd = std::move(fd);
-    peers_[hello.rank] = std::move(peer);
-    --expected;
-  }
-  listen_fd_.reset();
-}
-
 TcpTransport::~TcpTransport() {
   closing_.store(true);
   if (progress_.joinable()) {
@@ -222,7 +56,7 @@ TcpTransport::~TcpTransport() {
     // Let queued frames (goodbyes, or abort messages after a failure) go out, then half-close
     // and wait for every peer to close too, bounded: closing a socket with unread data would
     // reset the connection and could destroy what the peer has not read yet.
-    const Deadline until = deadlineAfter(kLinger);
+    const Deadline until = deadlineAfter(detail::kLinger);
     auto allDone = [&](auto predicate) {
       for (auto& peer : peers_) {
         if (!peer) continue;
@@ -417,79 +251,6 @@ void TcpTransport::abort(std::exception_ptr error, bool tell_peers) {
   fail(error, tell_peers);
 }
 
-void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
-  {
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    if (failing_) return;
-    failing_ = true;
-    error_ = error;
-  }
-  ErrorKind kind = ErrorKind::kGeneric;
-  std::string message;
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    kind = kindOf(e);
-    message = e.what();
-  }
-  // Before anyone learns of the failure (and may free the buffers of the collective that
-  // failed), stop using user memory: unstarted sends are dropped, a half-written one keeps a
-  // private copy of its remainder. The reader stops writing into receive buffers once it
-  // sees failed_, and waiters wait for it to say so (reader_quiesced_).
-  detachUserMemory();
-  if (tell_peers && !stopping_.load()) queueAbortFrames(kind, message);
-  {
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    failed_.store(true);
-  }
-  state_changed_.notify_all();
-  wake();
-  if (!stopping_.load()) RS_LOG_ERROR("{}", message);
-}
-
-void TcpTransport::detachUserMemory() {
-  for (auto& peer : peers_) {
-    if (!peer) continue;
-    std::lock_guard<std::mutex> lock(peer->mutex);
-    std::deque<std::shared_ptr<SendOp>> kept;
-    for (auto& op : peer->sends) {
-      if (op->internal) {
-        kept.push_back(op);
-      } else if (op->written > 0) {
-        const size_t sent_payload =
-            op->written > sizeof(FrameHeader) ? op->written - sizeof(FrameHeader) : 0;
-        op->owned.assign(reinterpret_cast<const char*>(op->data) + sent_payload,
-                         op->header.payload_bytes - sent_payload);
-        // Re-base so that data + sent_payload points at the copy.
-        op->data = reinterpret_cast<const uint8_t*>(op->owned.data()) - sent_payload;
-        op->internal = true;
-        kept.push_back(op);
-      }
-    }
-    peer->sends.swap(kept);
-    peer->recvs.clear();
-  }
-}
-
-void TcpTransport::queueAbortFrames(ErrorKind kind, const std::string& message) {
-  for (auto& peer : peers_) {
-    if (!peer) continue;
-    std::lock_guard<std::mutex> lock(peer->mutex);
-    if (peer->lost) continue;
-    // A half-written frame (detached by detachUserMemory) must finish first or the peer
-    // would read the abort as payload.
-    auto abort = std::make_shared<SendOp>(peer->rank, nullptr, 0, MessageTag{}, true);
-    abort->owned = message.substr(0, kMaxAbortMessage);
-    abort->data = reinterpret_cast<const uint8_t*>(abort->owned.data());
-    abort->header.kind = static_cast<uint8_t>(FrameKind::kAbort);
-    abort->header.error_kind = static_cast<uint8_t>(kind);
-    abort->header.payload_bytes = abort->owned.size();
-    peer->sends.push_back(abort);
-    flushSendsLocked(*peer);
-    if (!peer->sends.empty()) setWriteInterest(*peer, true);
-  }
-}
-
 void TcpTransport::setWriteInterest(Peer& peer, bool on) {
   if (peer.write_interest == on || peer.lost) return;
   peer.write_interest = on;
@@ -557,7 +318,7 @@ void TcpTransport::progressLoop() {
       return;
     }
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == kWakeToken) {
+      if (events[i].data.u64 == detail::kWakeToken) {
         uint64_t value;
         [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &value, sizeof(value));
         continue;
@@ -587,7 +348,7 @@ void TcpTransport::handleWritable(Peer& peer) {
 }
 
 void TcpTransport::handleReadable(Peer& peer) {
-  size_t budget = kReadBudget;
+  size_t budget = detail::kReadBudget;
   while (budget > 0 && peer.fd.valid()) {
     if (failed_.load()) {
       reader_quiesced_.store(true);
@@ -621,24 +382,6 @@ void TcpTransport::handleReadable(Peer& peer) {
       peer.payload_got += static_cast<size_t>(n);
       if (peer.payload_got == peer.header.payload_bytes) onPayloadComplete(peer);
     }
-  }
-}
-
-void TcpTransport::drainAfterFailure(Peer& peer) {
-  // After a failure nothing is parsed any more: bytes are read and dropped until the peer
-  // closes, so that our own close sends a FIN rather than a reset (a reset can destroy the
-  // abort message we sent the peer before it reads it).
-  static thread_local std::vector<uint8_t> sink(size_t{1} << 16);
-  while (true) {
-    const ssize_t n = ::recv(peer.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
-    if (n > 0) continue;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    std::lock_guard<std::mutex> lock(peer.mutex);
-    peer.lost = true;
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
-    peer.fd.reset();
-    return;
   }
 }
 
@@ -699,7 +442,7 @@ void TcpTransport::onHeader(Peer& peer) {
             peer.target_op = op;
             peer.target = op->data;
           }
-        } else if (peer.header.payload_bytes > kMaxStagedBytes) {
+        } else if (peer.header.payload_bytes > detail::kMaxStagedBytes) {
           problem = "rank " + std::to_string(peer.rank) + " sent an unsolicited message of " +
                     std::to_string(peer.header.payload_bytes) + " bytes";
         } else {
@@ -753,33 +496,6 @@ void TcpTransport::onPayloadComplete(Peer& peer) {
     peer.target_staged.reset();
   }
   peer.target = nullptr;
-}
-
-void TcpTransport::onConnectionLost(Peer& peer, const std::string& reason) {
-  bool graceful;
-  bool pending;
-  {
-    std::lock_guard<std::mutex> lock(peer.mutex);
-    graceful = peer.bye_received;
-    pending = !peer.recvs.empty() || !peer.sends.empty();
-    if (peer.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
-    if (graceful && !pending) {
-      // The peer said goodbye and half-closed; it is lingering for our goodbye, so the
-      // socket stays open for writing until we close ourselves.
-      peer.read_closed = true;
-    } else {
-      peer.lost = true;
-      peer.fd.reset();
-    }
-  }
-  if (closing_.load() || (graceful && !pending)) {
-    RS_LOG_DEBUG("rank {}: connection to rank {} closed", options_.rank, peer.rank);
-    return;
-  }
-  fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
-                                           ": lost connection to " + peerName(peer.rank) + ": " +
-                                           reason),
-       true);
 }
 
 }  // namespace railshard::transport::tcp
