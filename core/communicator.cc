@@ -181,12 +181,20 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   // estimates behind the choice. Only then are the strings built: they cost more than a
   // small shared-memory all-reduce.
   const bool explain = log::logger().should_log(spdlog::level::debug);
-  const auto choice = collectives::chooseAllreduce(input, config_.algorithm, explain);
-  last_algorithm_ = collectives::name(choice.algorithm);
-  if (explain) {
-    RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag), last_algorithm_, choice.reason);
+  // The choice depends only on the size (and the communicator's fixed properties), and
+  // training repeats the same sizes: remember the last one.
+  if (explain || input.bytes != tuned_bytes_ || !tuned_) {
+    const auto choice = collectives::chooseAllreduce(input, config_.algorithm, explain);
+    tuned_ = true;
+    tuned_bytes_ = input.bytes;
+    tuned_algorithm_ = choice.algorithm;
+    if (explain) {
+      RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag),
+                   collectives::name(choice.algorithm), choice.reason);
+    }
   }
-  switch (choice.algorithm) {
+  last_algorithm_ = collectives::name(tuned_algorithm_);
+  switch (tuned_algorithm_) {
     case collectives::Algorithm::kShmDirect:
       return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
     case collectives::Algorithm::kShmReduceScatterGather:

@@ -9,6 +9,7 @@
 #include "core/base/config.h"
 #include "core/base/store.h"
 #include "core/base/types.h"
+#include "core/collectives/tuner.h"
 
 namespace railshard {
 
@@ -88,6 +89,10 @@ class Communicator {
   std::unique_ptr<collectives::Workspace> workspace_;
   std::unique_ptr<collectives::ShmEngine> shm_;
   std::string_view last_algorithm_ = "none";
+  // Last tuner decision (see allreduce()).
+  bool tuned_ = false;
+  size_t tuned_bytes_ = 0;
+  collectives::Algorithm tuned_algorithm_{};
   uint64_t sequence_ = 0;
   std::vector<std::shared_ptr<void>> resources_;
 };

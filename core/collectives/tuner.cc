@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "core/base/error.h"
@@ -96,20 +97,23 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
     }
     return {forced_algorithm, "RAILSHARD_ALGO=" + forced};
   }
-  std::ostringstream reason;
+  // The stream (and its locale) only when asked: building it costs more than a small
+  // shared-memory all-reduce.
+  std::optional<std::ostringstream> reason;
+  if (explain) reason.emplace();
   Algorithm best = Algorithm::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
   for (Algorithm a : {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
                       Algorithm::kRecursiveDoubling}) {
     const double cost = estimateMicros(a, input);
     if (!std::isfinite(cost)) continue;
-    if (explain) reason << name(a) << "=" << cost << "us ";
+    if (reason) *reason << name(a) << "=" << cost << "us ";
     if (cost < best_cost) {
       best_cost = cost;
       best = a;
     }
   }
-  return {best, explain ? reason.str() : std::string()};
+  return {best, reason ? reason->str() : std::string()};
 }
 
 }  // namespace railshard::collectives
