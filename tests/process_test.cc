@@ -158,7 +158,8 @@ TEST_P(PeerLoss, EverySurvivorRaisesPeerLostErrorNamingTheDeadRank) {
 INSTANTIATE_TEST_SUITE_P(Transports, PeerLoss, ::testing::Values("tcp", "shm"));
 
 TEST(Bootstrap, TorchrunEnvironment) {
-  const int port = test::freePort();
+  // railshard's store listens on MASTER_PORT + 1, so that is the port that must be free.
+  const int port = test::freePort() - 1;
   auto r = runWorld(2, [&](int rank) {
     return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
                                               {"WORLD_SIZE", "2"},
