@@ -29,6 +29,18 @@ inline void cpuRelax() {
 #endif
 }
 
+// Runs fn(offset, length) over [0, count) in pieces of at most `piece` elements; once with
+// length 0 when count is 0, so that every rank still takes (and checks) one step.
+template <typename Fn>
+void forEachPiece(size_t count, size_t piece, Fn&& fn) {
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, count - offset);
+    fn(offset, length);
+    offset += length;
+  } while (offset < count);
+}
+
 // How long a peer may stay silent before we look at whether its process still exists.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
@@ -239,9 +251,7 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
   const size_t n = static_cast<size_t>(size_);
   std::vector<const void*> sources(n);
-  size_t offset = 0;
-  do {
-    const size_t length = std::min(piece, count - offset);
+  forEachPiece(count, piece, [&](size_t offset, size_t length) {
     auto segmentBegin = [&](size_t r) { return length * r / n; };  // balanced split
     beginStep(tag);
     uint8_t* mine = segment_->inSlot(rank_, step_);
@@ -272,8 +282,7 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
         kernels::copy(out + (offset + begin) * element,
                       segment_->outSlot(static_cast<int>(r), step_), bytes);
     }
-    offset += length;
-  } while (offset < count);
+  });
 }
 
 void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
@@ -284,9 +293,7 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
   auto* out = static_cast<uint8_t*>(recv);
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / (element * n));
   std::vector<const void*> sources(n);
-  size_t offset = 0;
-  do {
-    const size_t length = std::min(piece, recv_count - offset);
+  forEachPiece(recv_count, piece, [&](size_t offset, size_t length) {
     beginStep(tag);
     uint8_t* mine = segment_->inSlot(rank_, step_);
     for (size_t r = 0; r < n; ++r) {
@@ -308,8 +315,7 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
       reduceAll(reduced, sources.data(), length, dtype, op);
       kernels::copy(out + offset * element, reduced, length * element);
     }
-    offset += length;
-  } while (offset < recv_count);
+  });
 }
 
 void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
@@ -318,9 +324,7 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
-  size_t offset = 0;
-  do {
-    const size_t length = std::min(piece, send_count - offset);
+  forEachPiece(send_count, piece, [&](size_t offset, size_t length) {
     beginStep(tag);
     if (length > 0)
       kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
@@ -332,8 +336,7 @@ void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataT
                       segment_->inSlot(r, step_), length * element);
       }
     }
-    offset += length;
-  } while (offset < send_count);
+  });
 }
 
 void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
@@ -342,9 +345,7 @@ void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType d
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
-  size_t offset = 0;
-  do {
-    const size_t length = std::min(piece, count - offset);
+  forEachPiece(count, piece, [&](size_t offset, size_t length) {
     beginStep(tag);
     if (rank_ == root && length > 0) {
       kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
@@ -355,8 +356,7 @@ void ShmEngine::broadcast(const void* send, void* recv, size_t count, DataType d
     if (length > 0 && (rank_ != root || in != out)) {
       kernels::copy(out + offset * element, segment_->inSlot(root, step_), length * element);
     }
-    offset += length;
-  } while (offset < count);
+  });
 }
 
 void ShmEngine::barrier(const transport::MessageTag& tag) {
