@@ -11,6 +11,7 @@
 #include "core/collectives/context.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/tuner.h"
+#include "core/topology/topology.h"
 #include "kernels/reduce.h"
 #include "transport/shm/host_identity.h"
 #include "transport/shm/shm_segment.h"
@@ -58,6 +59,15 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   bool same_host = true;
   for (int r = 0; r < size_; ++r) {
     if (store.getString(key("host", r), timeout) != mine) same_host = false;
+  }
+  // Ranks in separate network/UTS namespaces, or a topology file that says so, count as
+  // different hosts even when they could map the same memory: the graph is the authority on
+  // what the user wants treated as a host.
+  if (same_host && topology_ != nullptr && topology_->worldSize() == size_ &&
+      topology_->ranksOn(topology_->rank(0).host).size() != static_cast<size_t>(size_)) {
+    RS_LOG_DEBUG("rank {}: the topology places ranks on {} hosts", rank_,
+                 topology_->hosts().size());
+    same_host = false;
   }
   if (!same_host) {
     if (config_.transport == "shm") {
@@ -116,6 +126,7 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
       size_(options.size),
       config_(options.config),
       transport_(std::move(transport)),
+      topology_(options.topology),
       workspace_(std::make_unique<collectives::Workspace>()) {}
 
 Communicator::~Communicator() = default;

@@ -16,6 +16,9 @@ namespace railshard {
 namespace transport {
 class Transport;
 }
+namespace topology {
+class Topology;
+}
 namespace collectives {
 class Workspace;
 class ShmEngine;
@@ -36,6 +39,9 @@ class Communicator {
     Config config;
     std::string key_prefix = "railshard";  // store namespace, distinct per communicator
     std::string advertise_host;            // address peers reach this rank at; "" = loopback
+    // The cluster graph (launcher::buildClusterTopology); when set, it decides which ranks
+    // share a host. Null: ranks compare host identities through the store.
+    std::shared_ptr<const topology::Topology> topology;
   };
 
   // Connects to every peer through `store` (address exchange) and returns when the mesh is
@@ -71,6 +77,8 @@ class Communicator {
   // Name of the algorithm the last all-reduce ran ("ring", "shm_direct", ...).
   std::string_view lastAlgorithm() const { return last_algorithm_; }
   transport::Transport& transport() { return *transport_; }
+  // The cluster graph this communicator was built with; null when none was given.
+  const topology::Topology* topology() const { return topology_.get(); }
 
   // Keeps `resource` alive as long as this communicator (e.g. the store server rank 0 hosts).
   void keepAlive(std::shared_ptr<void> resource) { resources_.push_back(std::move(resource)); }
@@ -86,6 +94,7 @@ class Communicator {
   int size_;
   Config config_;
   std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<const topology::Topology> topology_;
   std::unique_ptr<collectives::Workspace> workspace_;
   std::unique_ptr<collectives::ShmEngine> shm_;
   std::string_view last_algorithm_ = "none";

@@ -3,6 +3,7 @@
 #include "core/base/error.h"
 #include "core/base/logging.h"
 #include "core/base/memory_store.h"
+#include "launcher/cluster_topology.h"
 #include "launcher/environment.h"
 #include "launcher/interfaces.h"
 #include "launcher/job_token.h"
@@ -98,6 +99,12 @@ std::unique_ptr<Communicator> init() {
   options.size = boot.size;
   options.config = boot.config;
   options.advertise_host = boot.advertise_host;
+  launcher::ClusterTopologyOptions topo;
+  topo.rank = boot.rank;
+  topo.size = boot.size;
+  topo.config = boot.config;
+  options.topology = std::make_shared<const topology::Topology>(
+      launcher::buildClusterTopology(*boot.store, topo));
   auto communicator = Communicator::create(*boot.store, options);
   if (boot.size == 1) return communicator;
   // Peers may still read the store after rank 0 is connected to all of them: the server

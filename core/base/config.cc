@@ -147,6 +147,24 @@ const std::vector<Config::Variable>& Config::variables() {
        "Network interface whose IPv4 address this rank advertises to its peers (exact name or "
        "prefix). By default the address this rank uses to reach the store.",
        [](Config& c, const std::string& v) { c.socket_ifname = v; }},
+      {"RAILSHARD_TOPO_FILE", "(discover)",
+       "JSON file with the cluster graph to use instead of discovering it (same schema as "
+       "railshard-topo --json). Read by rank 0 only.",
+       [](Config& c, const std::string& v) { c.topo_file = v; }},
+      {"RAILSHARD_TOPO_DUMP", "(none)",
+       "Rank 0 writes the cluster graph the ranks agreed on to this file (JSON) at start-up.",
+       [](Config& c, const std::string& v) { c.topo_dump = v; }},
+      {"RAILSHARD_PROBE", "0",
+       "1: measure latency and bandwidth of every rail between every pair of hosts at start-up "
+       "and record them in the graph (bounded by RAILSHARD_PROBE_MS per rail).",
+       [](Config& c, const std::string& v) {
+         c.probe = parseInteger("RAILSHARD_PROBE", v, 0, 1) == 1;
+       }},
+      {"RAILSHARD_PROBE_MS", "200",
+       "Milliseconds of bulk transfer per rail in the start-up probe.",
+       [](Config& c, const std::string& v) {
+         c.probe_time = std::chrono::milliseconds(parseInteger("RAILSHARD_PROBE_MS", v, 10, 60000));
+       }},
       {"RAILSHARD_RANK", "(set by the launcher)",
        "This process's rank, 0 <= rank < RAILSHARD_WORLD_SIZE.", ignore},
       {"RAILSHARD_WORLD_SIZE", "(set by the launcher)", "Number of ranks in the job.", ignore},
@@ -186,7 +204,8 @@ std::string Config::describe() const {
       << " shm_slot_bytes=" << shm_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
-      << " token=" << (token.empty() ? "none" : "set");
+      << " topo_file=" << (topo_file.empty() ? "-" : topo_file)
+      << " probe=" << (probe ? "1" : "0") << " token=" << (token.empty() ? "none" : "set");
   return out.str();
 }
 

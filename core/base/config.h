@@ -23,6 +23,10 @@ struct Config {
   size_t shm_slot_bytes = 0;       // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
+  std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here
+  std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
+  bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
+  std::chrono::milliseconds probe_time{200};  // bulk-transfer time per rail in the probe
 
   // Reads every variable of variables() from `env` (the process environment when null).
   // A malformed value is a ConfigError naming the variable and the value.

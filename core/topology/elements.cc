@@ -75,3 +75,36 @@ bool parse(std::string_view text, LinkKind& out) { return parseFrom(kLinkKinds, 
 bool parse(std::string_view text, LinkLayer& out) { return parseFrom(kLinkLayers, text, out); }
 
 }  // namespace railshard::topology
+
+#include <arpa/inet.h>
+
+#include "core/base/error.h"
+
+namespace railshard::topology {
+
+std::string networkIdOf(const std::string& cidr) {
+  const size_t slash = cidr.find('/');
+  const std::string address = cidr.substr(0, slash);
+  const bool v6 = address.find(':') != std::string::npos;
+  const int bits = v6 ? 128 : 32;
+  int prefix = bits;
+  if (slash != std::string::npos) {
+    try {
+      size_t used = 0;
+      prefix = std::stoi(cidr.substr(slash + 1), &used);
+      if (used != cidr.size() - slash - 1) prefix = -1;
+    } catch (const std::exception&) {
+      prefix = -1;
+    }
+  }
+  unsigned char raw[16] = {0};
+  if (prefix < 0 || prefix > bits || ::inet_pton(v6 ? AF_INET6 : AF_INET, address.c_str(), raw) != 1) {
+    throw InvalidArgument("topology: '" + cidr + "' is not an address/prefix");
+  }
+  for (int bit = prefix; bit < bits; ++bit) raw[bit / 8] &= static_cast<unsigned char>(~(0x80 >> (bit % 8)));
+  char text[INET6_ADDRSTRLEN] = {0};
+  ::inet_ntop(v6 ? AF_INET6 : AF_INET, raw, text, sizeof(text));
+  return "net:" + std::string(text) + "/" + std::to_string(prefix);
+}
+
+}  // namespace railshard::topology

@@ -141,3 +141,11 @@ struct Affinity {
 };
 
 }  // namespace railshard::topology
+
+namespace railshard::topology {
+
+// The id of the network vertex an interface address belongs to: "10.1.0.7/24" ->
+// "net:10.1.0.0/24", "fd00::5/64" -> "net:fd00::/64". InvalidArgument for a malformed address.
+std::string networkIdOf(const std::string& cidr);
+
+}  // namespace railshard::topology

@@ -158,6 +158,37 @@ void Topology::merge(const Topology& other) {
   }
 }
 
+void Topology::renameHost(const std::string& from, const std::string& to) {
+  if (find(to) != nullptr) throw InvalidArgument("topology: cannot rename host '" + from + "' to '" + to + "': taken");
+  const auto rename = [&](const std::string& id) {
+    if (id == from) return to;
+    if (id.rfind(from + "/", 0) == 0) return to + id.substr(from.size());
+    return id;
+  };
+  std::map<std::string, Vertex> vertices;
+  for (auto& [id, v] : vertices_) {
+    Vertex copy = v;
+    copy.id = rename(v.id);
+    if (!copy.host.empty()) copy.host = rename(v.host);
+    vertices.emplace(copy.id, std::move(copy));
+  }
+  std::map<LinkKey, Link> links;
+  for (auto& [key, l] : links_) {
+    Link copy = l;
+    LinkKey k = keyOf(rename(l.a), rename(l.b), l.kind);
+    copy.a = std::get<0>(k);
+    copy.b = std::get<1>(k);
+    links.emplace(std::move(k), std::move(copy));
+  }
+  for (auto& r : ranks_) {
+    r.host = rename(r.host);
+    r.numa = rename(r.numa);
+    r.gpu = rename(r.gpu);
+  }
+  vertices_ = std::move(vertices);
+  links_ = std::move(links);
+}
+
 const Vertex* Topology::find(const std::string& id) const {
   const auto it = vertices_.find(id);
   return it == vertices_.end() ? nullptr : &it->second;

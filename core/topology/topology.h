@@ -32,6 +32,9 @@ class Topology {
   // InvalidArgument unless ranks are 0..n-1 exactly once, each on an existing host, with
   // numa/gpu (when set) vertices of that host.
   void setRanks(std::vector<RankPlacement> ranks);
+  // Renames host `from` (and the "<from>/..." ids of its vertices) to `to`; used when two
+  // machines report the same host name. InvalidArgument when `to` is taken.
+  void renameHost(const std::string& from, const std::string& to);
   // Adds every vertex and link of `other`. Vertices present in both must be equal (networks
   // are shared between hosts); links likewise. Ranks are not merged.
   void merge(const Topology& other);
@@ -61,6 +64,8 @@ class Topology {
   // RDMA before IP, then fastest first. Excluded and down NICs take no part.
   std::vector<Rail> rails(const std::string& host_a, const std::string& host_b) const;
   Affinity affinity(int rank) const;
+  // The NUMA node a vertex belongs to (a device through its PCIe attachment); "" if none.
+  std::string numaOf(const std::string& id) const;
 
   // ---- serialisation (core/topology/topology_json.cc, topology_dot.cc) ----
   // Canonical JSON, two-space indented, newline-terminated. fromJson(toJson(t)) == t and

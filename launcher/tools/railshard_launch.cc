@@ -43,6 +43,9 @@ constexpr const char* kHelp =
     "  --grace SECONDS      time ranks get between SIGTERM and SIGKILL when the job is\n"
     "                       stopped (default 5)\n"
     "  --no-prefix          do not put \"[rank] \" before every line a rank prints\n"
+    "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
+    "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
+    "                       call railshard::init())\n"
     "  -h, --help           show this help and exit\n"
     "  --version            show the version and exit\n"
     "\n"
@@ -57,6 +60,7 @@ struct UsageError {
 
 struct Arguments {
   railshard::launcher::LocalJobOptions job;
+  std::string dump_topology;
   bool help = false;
   bool version = false;
 };
@@ -137,6 +141,9 @@ Arguments parseArguments(int argc, char** argv) {
       args.job.store_port = parsePort(value());
     } else if (name == "--grace") {
       args.job.grace = parseGrace(value());
+    } else if (name == "--dump-topology") {
+      args.dump_topology = value();
+      if (args.dump_topology.empty()) throw UsageError{"--dump-topology needs a file name"};
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -202,8 +209,25 @@ int main(int argc, char** argv) {
     args.job.token = token;  // empty means unset: runLocalJob makes a fresh one
   }
   args.job.notice = printError;
+  if (!args.dump_topology.empty()) {
+    // Absolute, because ranks may change directory; removed first, so that its absence
+    // afterwards means no rank wrote it.
+    std::string path = args.dump_topology;
+    if (path[0] != '/') {
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) != nullptr) path = std::string(cwd) + "/" + path;
+    }
+    ::unlink(path.c_str());
+    ::setenv("RAILSHARD_TOPO_DUMP", path.c_str(), 1);
+    args.dump_topology = path;
+  }
   try {
-    return railshard::launcher::runLocalJob(args.job);
+    const int status = railshard::launcher::runLocalJob(args.job);
+    if (!args.dump_topology.empty() && ::access(args.dump_topology.c_str(), F_OK) != 0) {
+      printError("--dump-topology: no rank wrote " + args.dump_topology +
+                 " (does the program call railshard::init()?)");
+    }
+    return status;
   } catch (const railshard::launcher::SpawnError& error) {
     printError(error.what());
     return error.errorNumber() == ENOENT ? 127 : 126;

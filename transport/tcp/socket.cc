@@ -169,12 +169,19 @@ bool pollUntil(int fd, short events, Deadline deadline) {
 
 }  // namespace
 
-Fd connectWithRetry(const SockAddr& addr, Deadline deadline, const std::string& what) {
+Fd connectWithRetry(const SockAddr& addr, Deadline deadline, const std::string& what,
+                    const SockAddr* source) {
   int last_error = 0;
   auto backoff = std::chrono::milliseconds(1);
   while (true) {
     Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) throw Error(what + ": socket(): " + errnoText(errno));
+    // Binding the source address pins the connection to one interface (one rail): the
+    // kernel would otherwise pick the route's preferred source.
+    if (source != nullptr &&
+        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&source->storage), source->length) != 0) {
+      throw Error(what + ": cannot bind to " + source->toString() + ": " + errnoText(errno));
+    }
     int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
     if (rc != 0 && errno == EINPROGRESS) {
       pollUntil(fd.get(), POLLOUT, deadline);

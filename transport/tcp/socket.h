@@ -55,7 +55,8 @@ SockAddr peerAddress(int fd);
 
 // Connects with retries until `deadline` (the peer may not be listening yet). Throws
 // TimeoutError naming `what` and the last errno when the deadline passes.
-Fd connectWithRetry(const SockAddr& addr, Deadline deadline, const std::string& what);
+Fd connectWithRetry(const SockAddr& addr, Deadline deadline, const std::string& what,
+                    const SockAddr* source = nullptr);
 // Accepts one connection, waiting at most until `deadline` (TimeoutError).
 Fd acceptBefore(int listen_fd, Deadline deadline, const std::string& what);
 
