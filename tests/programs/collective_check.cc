@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/topology/topology.h"
 #include "launcher/init.h"
 
 int main(int argc, char** argv) {
@@ -48,7 +49,11 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::printf("rank %d of %d ok after %d allreduces\n", rank, size, iterations);
+    const auto* topology = comm->topology();
+    std::printf("rank %d of %d ok after %d allreduces over %s, topology %s with %zu host(s)\n",
+                rank, size, iterations, comm->usesSharedMemory() ? "shm" : "tcp",
+                topology ? topology->hash().c_str() : "none",
+                topology ? topology->hosts().size() : size_t{0});
     return 0;
   } catch (const railshard::PeerLostError& e) {
     std::fprintf(stderr, "PeerLostError: %s\n", e.what());

@@ -1,0 +1,114 @@
+// Two "hosts" on this machine: network namespaces joined by two veth rails shaped to 400 and
+// 100 Mbit/s (scripts/netns_testbed.sh), each rank in its own namespace and UTS namespace.
+// Discovery must find both rails, the probe must measure what the shaping allows, and the
+// ranks must talk over TCP between the "hosts". Needs root and iproute2; skips otherwise.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "core/topology/topology.h"
+#include "test_util.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using railshard::test::ProcessResult;
+using railshard::test::runProcess;
+using railshard::topology::Topology;
+
+const std::string kTestbed = std::string(RAILSHARD_SOURCE_DIR) + "/scripts/netns_testbed.sh";
+const std::string kTopo = RAILSHARD_TOPO_BIN;
+const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
+
+class NetnsTestbed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    name_ = "rst" + std::to_string(::getpid() % 100000);
+    runProcess({kTestbed, "down", name_});
+    const ProcessResult up = runProcess({kTestbed, "up", name_, "400mbit", "100mbit"});
+    if (up.exit_code != 0) {
+      GTEST_SKIP() << "cannot build the namespace test bed (no netns/veth/tc support?): "
+                   << up.err;
+    }
+    ready_ = true;
+  }
+  void TearDown() override {
+    if (ready_) runProcess({kTestbed, "down", name_});
+  }
+
+  // Rank r of 2 in namespace a (r = 0) or b, as host "<name>-host-a|b".
+  std::future<ProcessResult> startRank(int rank, const std::vector<std::string>& command,
+                                       std::map<std::string, std::string> env) {
+    const std::string side = rank == 0 ? "a" : "b";
+    std::vector<std::string> argv = {kTestbed, "run", name_, side, name_ + "-host-" + side};
+    argv.insert(argv.end(), command.begin(), command.end());
+    env["RAILSHARD_RANK"] = std::to_string(rank);
+    env["RAILSHARD_WORLD_SIZE"] = "2";
+    // The store listens on rail 0 in namespace a; nothing else uses this port there.
+    env["RAILSHARD_STORE_ADDR"] = "10.200.0.1:29500";
+    env["RAILSHARD_TOKEN"] = "netns-test-token";
+    env["RAILSHARD_CONNECT_TIMEOUT"] = "30";
+    return std::async(std::launch::async,
+                      [argv, env] { return runProcess(argv, env, std::chrono::seconds(90)); });
+  }
+
+  std::string name_;
+  bool ready_ = false;
+};
+
+TEST_F(NetnsTestbed, DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping) {
+  const std::string dump = ::testing::TempDir() + "/netns_topology.json";
+  ::unlink(dump.c_str());
+  const std::map<std::string, std::string> env = {{"RAILSHARD_PROBE", "1"},
+                                                  {"RAILSHARD_PROBE_MS", "400"},
+                                                  {"RAILSHARD_TOPO_DUMP", dump}};
+  auto rank0 = startRank(0, {kTopo}, env);
+  auto rank1 = startRank(1, {kTopo}, env);
+  const ProcessResult r0 = rank0.get();
+  const ProcessResult r1 = rank1.get();
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  std::ifstream in(dump);
+  std::stringstream text;
+  text << in.rdbuf();
+  const Topology graph = Topology::fromJson(text.str(), dump);
+  const std::string a = name_ + "-host-a";
+  const std::string b = name_ + "-host-b";
+  ASSERT_EQ(graph.hosts(), (std::vector<std::string>{a, b}));
+  EXPECT_EQ(graph.rank(0).host, a);
+  EXPECT_EQ(graph.rank(1).host, b);
+  const auto rails = graph.rails(a, b);
+  ASSERT_EQ(rails.size(), 2u) << r0.out;
+  // htb delivers ~95.5% of the shaped rate as TCP payload (FIELD-NOTES); allow +-30%.
+  EXPECT_EQ(rails[0].nic_a, a + "/" + name_ + "a0");
+  EXPECT_EQ(rails[0].address_a, "10.200.0.1");
+  EXPECT_EQ(rails[0].address_b, "10.200.0.2");
+  EXPECT_NEAR(rails[0].measured_gbps, 0.4 * 0.955, 0.4 * 0.3) << r0.out;
+  EXPECT_EQ(rails[1].nic_b, b + "/" + name_ + "b1");
+  EXPECT_EQ(rails[1].address_b, "10.201.0.2");
+  EXPECT_NEAR(rails[1].measured_gbps, 0.1 * 0.955, 0.1 * 0.3) << r0.out;
+  EXPECT_GT(rails[0].latency_us, 0);
+  EXPECT_LT(rails[0].latency_us, 20000);
+  // The loopback interfaces are there but never rails.
+  EXPECT_EQ(graph.vertex(a + "/lo").excluded, "loopback");
+  EXPECT_EQ(graph.path(0, 1).transport, railshard::topology::PathTransport::kTcp);
+}
+
+TEST_F(NetnsTestbed, RanksInTwoNamespacesRunCollectivesOverTcp) {
+  auto rank0 = startRank(0, {kCheck, "--iterations", "5", "--count", "100000"}, {});
+  auto rank1 = startRank(1, {kCheck, "--iterations", "5", "--count", "100000"}, {});
+  const ProcessResult r0 = rank0.get();
+  const ProcessResult r1 = rank1.get();
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_THAT(r0.out, HasSubstr("rank 0 of 2 ok after 5 allreduces over tcp"));
+  EXPECT_THAT(r0.out, HasSubstr("with 2 host(s)"));
+  EXPECT_THAT(r1.out, HasSubstr("rank 1 of 2 ok after 5 allreduces over tcp"));
+}
+
+}  // namespace
