@@ -26,7 +26,9 @@ using topology::VertexKind;
 // Values published through the store carry either a payload or an error, so a failure on
 // one rank (bad interface spec, unreadable topology file) reaches every rank as the same
 // typed error instead of as a timeout on the others.
-std::string okValue(const std::string& payload) { return "ok\n" + payload; }
+std::string okValue(const std::string& payload) {
+  return "ok\n" + payload;
+}
 
 std::string errorValue(const std::exception& error) {
   return "error " + std::to_string(static_cast<int>(kindOf(error))) + "\n" + error.what();
@@ -128,8 +130,8 @@ Topology mergeDiscovered(Store& store, const ClusterTopologyOptions& options,
   std::set<std::string> taken;
   for (const auto& key : host_keys) {
     const std::string prefix = options.key_prefix + "/topo/host/" + hostSlot(key);
-    Topology host = Topology::fromJson(openValue(store.getString(prefix, timeout)),
-                                       "host description " + key);
+    Topology host =
+        Topology::fromJson(openValue(store.getString(prefix, timeout)), "host description " + key);
     const auto hosts = host.hosts();
     if (hosts.size() != 1) {
       throw ProtocolError("topology exchange: host description " + key + " has " +
@@ -167,8 +169,8 @@ Topology mergeDiscovered(Store& store, const ClusterTopologyOptions& options,
 // Rank 0's part of step 2 with RAILSHARD_TOPO_FILE.
 Topology loadFromFile(const ClusterTopologyOptions& options, const std::vector<RankInfo>& infos) {
   const std::string what = "RAILSHARD_TOPO_FILE " + options.config.topo_file;
-  Topology file = Topology::fromJson(readFile(options.config.topo_file, "RAILSHARD_TOPO_FILE"),
-                                     what);
+  Topology file =
+      Topology::fromJson(readFile(options.config.topo_file, "RAILSHARD_TOPO_FILE"), what);
   const int size = static_cast<int>(infos.size());
   if (file.worldSize() == size) return file;
   if (file.worldSize() != 0) {
@@ -202,11 +204,11 @@ Topology loadFromFile(const ClusterTopologyOptions& options, const std::vector<R
 void agree(Store& store, const ClusterTopologyOptions& options, const std::string& round,
            const std::string& mine, const std::string& published, Duration timeout) {
   const std::string base = options.key_prefix + "/topo/" + round;
-  const std::string report =
-      mine == published ? "ok"
-                        : "rank " + std::to_string(options.rank) + " computes topology hash " +
-                              mine + ", rank 0 published " + published +
-                              " (different railshard versions on the hosts?)";
+  const std::string report = mine == published
+                                 ? "ok"
+                                 : "rank " + std::to_string(options.rank) +
+                                       " computes topology hash " + mine + ", rank 0 published " +
+                                       published + " (different railshard versions on the hosts?)";
   store.setString(base + "/report/" + std::to_string(options.rank), report, timeout);
   if (options.rank == 0) {
     std::string verdict = "ok";
@@ -368,8 +370,7 @@ Topology buildClusterTopology(Store& store, const ClusterTopologyOptions& option
     std::ofstream out(options.config.topo_dump);
     out << graph.toJson();
     if (!out) {
-      RS_LOG_WARN("cannot write the topology to RAILSHARD_TOPO_DUMP={}",
-                  options.config.topo_dump);
+      RS_LOG_WARN("cannot write the topology to RAILSHARD_TOPO_DUMP={}", options.config.topo_dump);
     }
   }
   RS_LOG_DEBUG("rank {}: cluster topology {} ({} hosts)", options.rank, graph.hash(),

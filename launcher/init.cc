@@ -103,8 +103,8 @@ std::unique_ptr<Communicator> init() {
   topo.rank = boot.rank;
   topo.size = boot.size;
   topo.config = boot.config;
-  options.topology = std::make_shared<const topology::Topology>(
-      launcher::buildClusterTopology(*boot.store, topo));
+  options.topology =
+      std::make_shared<const topology::Topology>(launcher::buildClusterTopology(*boot.store, topo));
   auto communicator = Communicator::create(*boot.store, options);
   if (boot.size == 1) return communicator;
   // Peers may still read the store after rank 0 is connected to all of them: the server

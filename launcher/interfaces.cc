@@ -14,6 +14,29 @@
 #include "core/base/error.h"
 
 namespace railshard::launcher {
+namespace {
+
+// Counts the leading one bits of a netmask. Some interfaces (point-to-point, some tunnels)
+// report no netmask: then the address stands alone (/32 or /128).
+int prefixLength(const sockaddr* mask, int family) {
+  const int full = family == AF_INET ? 32 : 128;
+  if (mask == nullptr || mask->sa_family != family) return full;
+  const auto* bytes = family == AF_INET
+                          ? reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in*>(mask)->sin_addr)
+                          : reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in6*>(mask)->sin6_addr);
+  int bits = 0;
+  for (int i = 0; i < full / 8; ++i) {
+    for (int b = 7; b >= 0; --b) {
+      if ((bytes[i] & (1u << b)) == 0) return bits;
+      ++bits;
+    }
+  }
+  return bits;
+}
+
+}  // namespace
 
 std::vector<InterfaceAddress> listInterfaceAddresses() {
   std::vector<InterfaceAddress> result;
@@ -35,6 +58,7 @@ std::vector<InterfaceAddress> listInterfaceAddresses() {
     entry.ipv6 = family == AF_INET6;
     entry.up = (it->ifa_flags & IFF_UP) != 0 && (it->ifa_flags & IFF_RUNNING) != 0;
     entry.loopback = (it->ifa_flags & IFF_LOOPBACK) != 0;
+    entry.prefix_length = prefixLength(it->ifa_netmask, family);
     result.push_back(entry);
   }
   ::freeifaddrs(list);
@@ -43,9 +67,7 @@ std::vector<InterfaceAddress> listInterfaceAddresses() {
   return result;
 }
 
-namespace {
-
-bool matches(const std::string& name, const std::string& spec) {
+bool interfaceMatches(const std::string& name, const std::string& spec) {
   // Comma-separated patterns; "^" excludes, "=" matches exactly, otherwise a prefix.
   bool any_include = false;
   bool included = false;
@@ -77,12 +99,10 @@ bool matches(const std::string& name, const std::string& spec) {
   return any_include ? included : true;
 }
 
-}  // namespace
-
 std::string addressForInterface(const std::string& spec) {
   const auto addresses = listInterfaceAddresses();
   for (const auto& entry : addresses) {
-    if (entry.up && matches(entry.name, spec)) return entry.address;
+    if (entry.up && interfaceMatches(entry.name, spec)) return entry.address;
   }
   std::set<std::string> names;
   for (const auto& entry : addresses) names.insert(entry.name + (entry.up ? "" : " (down)"));

@@ -11,10 +11,16 @@ struct InterfaceAddress {
   bool ipv6 = false;
   bool up = false;
   bool loopback = false;
+  int prefix_length = 0;  // from the netmask: 24 for 255.255.255.0, 64 for ffff:ffff:ffff:ffff::
 };
 
 // Addresses of this host's interfaces (getifaddrs), IPv4 first.
 std::vector<InterfaceAddress> listInterfaceAddresses();
+
+// Whether interface `name` is selected by `spec` (NCCL_SOCKET_IFNAME syntax: comma-separated
+// patterns; "eth" a prefix, "=eth0" exact, "^docker" excludes). A spec with only exclusions
+// selects everything else; an empty spec selects everything.
+bool interfaceMatches(const std::string& name, const std::string& spec);
 
 // The address of the first up interface that matches `spec` (NCCL_SOCKET_IFNAME syntax:
 // "eth" prefix, "=eth0" exact, "^docker" excludes; comma-separated). ConfigError naming the

@@ -22,7 +22,7 @@ using topology::Topology;
 
 std::string hostPort(const std::string& address, uint16_t port) {
   return address.find(':') != std::string::npos ? "[" + address + "]:" + std::to_string(port)
-                                                 : address + ":" + std::to_string(port);
+                                                : address + ":" + std::to_string(port);
 }
 
 std::string pairKey(const ProbeOptions& options, const std::string& a, const std::string& b) {
@@ -64,9 +64,9 @@ void serveRail(int listen_fd, const ProbeOptions& options, const std::string& wh
     if (Clock::now() > deadline) throw TimeoutError(what + ": stream did not end in time");
   }
   const uint64_t reply[2] = {
-      bytes, static_cast<uint64_t>(
-                 std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - first)
-                     .count())};
+      bytes,
+      static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - first).count())};
   tcp::sendAll(fd.get(), reply, sizeof(reply), deadline, what);
 }
 
@@ -75,8 +75,8 @@ Measurement probeRail(const Rail& rail, uint16_t port, const ProbeOptions& optio
                       const std::string& what) {
   const Deadline deadline = deadlineAfter(options.timeout + options.bulk_time);
   const tcp::SockAddr source = tcp::resolve(hostPort(rail.address_a, 0), what);
-  tcp::Fd fd = tcp::connectWithRetry(tcp::resolve(hostPort(rail.address_b, port), what),
-                                     deadline, what, &source);
+  tcp::Fd fd = tcp::connectWithRetry(tcp::resolve(hostPort(rail.address_b, port), what), deadline,
+                                     what, &source);
   const auto length = static_cast<uint32_t>(options.token.size());
   tcp::sendAll(fd.get(), &length, sizeof(length), deadline, what);
   tcp::sendAll(fd.get(), options.token.data(), length, deadline, what);
@@ -114,7 +114,8 @@ std::vector<Rail> probeableRails(const Topology& graph, const std::string& a,
 // client while it still waits for this round's.
 void roundBarrier(Store& store, const ProbeOptions& options, size_t round, int hosts) {
   const std::string key = options.key_prefix + "/round/" + std::to_string(round);
-  if (store.add(key, 1, options.timeout) == hosts) store.setString(key + "/done", "1", options.timeout);
+  if (store.add(key, 1, options.timeout) == hosts)
+    store.setString(key + "/done", "1", options.timeout);
   store.get(key + "/done", options.timeout);
 }
 
@@ -166,8 +167,8 @@ void runLinkProbe(Store& store, const Topology& graph, const std::string& host,
         nlohmann::json results = nlohmann::json::array();
         for (size_t i = 0; i < rails.size(); ++i) {
           const Rail& rail = rails[i];
-          const std::string what = "link probe " + a + " -> " + b + " over " + rail.nic_a +
-                                   " (" + rail.address_a + " -> " + rail.address_b + ")";
+          const std::string what = "link probe " + a + " -> " + b + " over " + rail.nic_a + " (" +
+                                   rail.address_a + " -> " + rail.address_b + ")";
           const int port = std::stoi(store.getString(
               pairKey(options, a, b) + "/port/" + std::to_string(i), options.timeout));
           const Measurement m = probeRail(rail, static_cast<uint16_t>(port), options, what);
@@ -192,7 +193,8 @@ void collectProbeResults(Store& store, Topology& graph, const ProbeOptions& opti
     for (const auto& [x, y] : round) {
       const std::string& a = hosts[static_cast<size_t>(x)];
       const std::string& b = hosts[static_cast<size_t>(y)];
-      const auto results = nlohmann::json::parse(store.getString(pairKey(options, a, b), options.timeout));
+      const auto results =
+          nlohmann::json::parse(store.getString(pairKey(options, a, b), options.timeout));
       for (const auto& r : results) {
         topology::Link link;
         link.a = r.at("nic_a").get<std::string>();

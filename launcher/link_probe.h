@@ -10,11 +10,11 @@
 namespace railshard::launcher {
 
 struct ProbeOptions {
-  std::string key_prefix;                           // store namespace for the probe
-  std::chrono::milliseconds bulk_time{200};         // bulk transfer per rail
-  int pings = 21;                                   // latency samples per rail (median)
-  Duration timeout = std::chrono::seconds(60);      // every store wait and socket call
-  std::string token;                                // job token, checked by the server side
+  std::string key_prefix;                       // store namespace for the probe
+  std::chrono::milliseconds bulk_time{200};     // bulk transfer per rail
+  int pings = 21;                               // latency samples per rail (median)
+  Duration timeout = std::chrono::seconds(60);  // every store wait and socket call
+  std::string token;                            // job token, checked by the server side
 };
 
 // Run by one rank per host (its lowest rank). Hosts are paired in rounds (the circle method:

@@ -11,7 +11,7 @@ packages=(
   libhwloc-dev nlohmann-json3-dev libcli11-dev
   libgloo-dev python3-matplotlib
   libibverbs-dev librdmacm-dev
-  iproute2
+  iproute2 graphviz
 )
 
 missing=()

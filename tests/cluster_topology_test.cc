@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <atomic>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -166,7 +166,8 @@ TEST(ClusterTopology, ErrorsOnOneRankAreRaisedOnEveryRank) {
 
   MemoryStore missing;
   config.topo_file = "/nonexistent/topo.json";
-  expectOnEveryRank<ConfigError>(runJob(missing, 2, config), "cannot read '/nonexistent/topo.json'");
+  expectOnEveryRank<ConfigError>(runJob(missing, 2, config),
+                                 "cannot read '/nonexistent/topo.json'");
 
   MemoryStore ifname;
   Config bad;

@@ -15,10 +15,10 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using railshard::test::ProcessResult;
 using railshard::test::runProcess;
 using railshard::topology::Topology;
+using ::testing::HasSubstr;
 
 const std::string kTestbed = std::string(RAILSHARD_SOURCE_DIR) + "/scripts/netns_testbed.sh";
 const std::string kTopo = RAILSHARD_TOPO_BIN;
@@ -32,8 +32,7 @@ class NetnsTestbed : public ::testing::Test {
     runProcess({kTestbed, "down", name_});
     const ProcessResult up = runProcess({kTestbed, "up", name_, "400mbit", "100mbit"});
     if (up.exit_code != 0) {
-      GTEST_SKIP() << "cannot build the namespace test bed (no netns/veth/tc support?): "
-                   << up.err;
+      GTEST_SKIP() << "cannot build the namespace test bed (no netns/veth/tc support?): " << up.err;
     }
     ready_ = true;
   }
@@ -64,9 +63,8 @@ class NetnsTestbed : public ::testing::Test {
 TEST_F(NetnsTestbed, DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping) {
   const std::string dump = ::testing::TempDir() + "/netns_topology.json";
   ::unlink(dump.c_str());
-  const std::map<std::string, std::string> env = {{"RAILSHARD_PROBE", "1"},
-                                                  {"RAILSHARD_PROBE_MS", "400"},
-                                                  {"RAILSHARD_TOPO_DUMP", dump}};
+  const std::map<std::string, std::string> env = {
+      {"RAILSHARD_PROBE", "1"}, {"RAILSHARD_PROBE_MS", "400"}, {"RAILSHARD_TOPO_DUMP", dump}};
   auto rank0 = startRank(0, {kTopo}, env);
   auto rank1 = startRank(1, {kTopo}, env);
   const ProcessResult r0 = rank0.get();

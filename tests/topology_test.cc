@@ -27,7 +27,9 @@ std::string readFixture(const std::string& name) {
   return text.str();
 }
 
-Topology fixture(const std::string& name) { return Topology::fromJson(readFixture(name), name); }
+Topology fixture(const std::string& name) {
+  return Topology::fromJson(readFixture(name), name);
+}
 
 template <typename F>
 void expectConfigError(F&& body, const std::string& needle) {
@@ -59,7 +61,8 @@ TEST_P(FixtureTest, DotHasEveryVertexAndLinkAndOneClusterPerHost) {
     EXPECT_THAT(dot, HasSubstr("\"" + v->id + "\" [")) << v->id;
   }
   size_t edges = 0;
-  for (size_t at = dot.find("\" -- \""); at != std::string::npos; at = dot.find("\" -- \"", at + 1)) {
+  for (size_t at = dot.find("\" -- \""); at != std::string::npos;
+       at = dot.find("\" -- \"", at + 1)) {
     ++edges;
   }
   // Every link, plus one dotted edge from each placed rank to its GPU or NUMA node.
@@ -176,8 +179,8 @@ TEST(TwoRailTopology, PathsBetweenHostsTakeTheFastRail) {
   const Topology g = fixture("two_rail_pair.json");
   const Path p = g.path(0, 2);
   EXPECT_EQ(p.transport, PathTransport::kTcp);
-  EXPECT_THAT(p.vertices, ElementsAre("alpha/numa0", "alpha/eth0", "net:10.1.0.0/24",
-                                      "beta/eth0", "beta/numa0"));
+  EXPECT_THAT(p.vertices, ElementsAre("alpha/numa0", "alpha/eth0", "net:10.1.0.0/24", "beta/eth0",
+                                      "beta/numa0"));
   EXPECT_THAT(p.links, ElementsAre(LinkKind::kPcie, LinkKind::kEthernet, LinkKind::kEthernet,
                                    LinkKind::kPcie));
   EXPECT_DOUBLE_EQ(p.bandwidth_gbps, 25);
@@ -249,15 +252,27 @@ TEST(MixedTopology, AffinityFollowsTheRanksNumaNode) {
 
 // ---- building, merging, errors ----
 
+Vertex makeVertex(const std::string& id, VertexKind kind, const std::string& host,
+                  const std::string& name = "") {
+  Vertex v;
+  v.id = id;
+  v.kind = kind;
+  v.host = host;
+  v.name = name;
+  return v;
+}
+
 Topology smallHost(const std::string& name, const std::string& address) {
   Topology t;
-  t.addVertex({.id = name, .kind = VertexKind::kHost, .host = name, .name = name});
-  t.addVertex({.id = name + "/numa0", .kind = VertexKind::kNuma, .host = name, .index = 0});
-  Vertex nic{.id = name + "/eth0", .kind = VertexKind::kNic, .host = name, .name = "eth0"};
+  t.addVertex(makeVertex(name, VertexKind::kHost, name, name));
+  Vertex numa = makeVertex(name + "/numa0", VertexKind::kNuma, name);
+  numa.index = 0;
+  t.addVertex(numa);
+  Vertex nic = makeVertex(name + "/eth0", VertexKind::kNic, name, "eth0");
   nic.up = true;
   nic.addresses = {address};
   t.addVertex(nic);
-  t.addVertex({.id = networkIdOf(address), .kind = VertexKind::kNetwork});
+  t.addVertex(makeVertex(networkIdOf(address), VertexKind::kNetwork, ""));
   t.addLink({name + "/eth0", name + "/numa0", LinkKind::kVirtual});
   t.addLink({name + "/eth0", networkIdOf(address), LinkKind::kEthernet});
   return t;
@@ -280,16 +295,15 @@ TEST(TopologyBuild, MergeSharesNetworksAndRejectsConflicts) {
 
 TEST(TopologyBuild, BadGraphsAreRejectedWithTheReason) {
   Topology t = smallHost("a", "10.0.0.1/24");
-  EXPECT_THROW(t.addVertex({.id = "a/numa0", .kind = VertexKind::kNuma, .host = "a"}),
-               InvalidArgument);
-  EXPECT_THROW(t.addVertex({.id = "x", .kind = VertexKind::kGpu}), InvalidArgument);
+  EXPECT_THROW(t.addVertex(makeVertex("a/numa0", VertexKind::kNuma, "a")), InvalidArgument);
+  EXPECT_THROW(t.addVertex(makeVertex("x", VertexKind::kGpu, "")), InvalidArgument);
   EXPECT_THROW(t.addLink({"a/eth0", "a/nowhere", LinkKind::kPcie}), InvalidArgument);
   EXPECT_THROW(t.addLink({"a/numa0", "a/eth0", LinkKind::kVirtual}), InvalidArgument);
-  EXPECT_THROW(t.setRanks({{.rank = 1, .host = "a"}}), InvalidArgument);
-  EXPECT_THROW(t.setRanks({{.rank = 0, .host = "a", .gpu = "a/numa0"}}), InvalidArgument);
+  EXPECT_THROW(t.setRanks({RankPlacement{1, "a", 0, "", ""}}), InvalidArgument);
+  EXPECT_THROW(t.setRanks({RankPlacement{0, "a", 0, "", "a/numa0"}}), InvalidArgument);
   EXPECT_THROW(t.rank(0), InvalidArgument);
   EXPECT_THROW(t.rails("a", "zz"), InvalidArgument);
-  t.setRanks({{.rank = 0, .host = "a", .numa = "a/numa0"}});
+  t.setRanks({RankPlacement{0, "a", 0, "a/numa0", ""}});
   EXPECT_EQ(t.worldSize(), 1);
 }
 
@@ -305,11 +319,11 @@ TEST(TopologyJson, ErrorsNameTheFileTheEntryAndTheField) {
   expectConfigError([&] { Topology::fromJson(kind, "f.json"); }, "'pcix' is not one of");
   std::string newer = good;
   newer.replace(newer.find("\"version\": 1"), 12, "\"version\": 7");
-  expectConfigError([&] { Topology::fromJson(newer, "f.json"); },
-                    "schema version 7 is newer");
+  expectConfigError([&] { Topology::fromJson(newer, "f.json"); }, "schema version 7 is newer");
   std::string dangling = good;
   dangling.replace(dangling.find("\"b\": \"alpha/numa0\""), 18, "\"b\": \"alpha/numa9\"");
-  expectConfigError([&] { Topology::fromJson(dangling, "f.json"); }, "unknown vertex 'alpha/numa9'");
+  expectConfigError([&] { Topology::fromJson(dangling, "f.json"); },
+                    "unknown vertex 'alpha/numa9'");
   std::string ranks = good;
   ranks.replace(ranks.find("\"rank\": 3"), 9, "\"rank\": 5");
   expectConfigError([&] { Topology::fromJson(ranks, "f.json"); }, "rank 3 has no placement");
@@ -344,7 +358,9 @@ TEST(LinkProbeSchedule, EveryPairOnceAndNoHostTwiceInARound) {
       }
     }
     EXPECT_EQ(seen.size(), static_cast<size_t>(hosts * (hosts - 1) / 2)) << hosts;
-    if (hosts > 1) EXPECT_EQ(rounds.size(), static_cast<size_t>(hosts % 2 ? hosts : hosts - 1));
+    if (hosts > 1) {
+      EXPECT_EQ(rounds.size(), static_cast<size_t>(hosts % 2 ? hosts : hosts - 1));
+    }
   }
 }
 

@@ -11,9 +11,9 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using railshard::test::runProcess;
 using railshard::topology::Topology;
+using ::testing::HasSubstr;
 
 const std::string kTopo = RAILSHARD_TOPO_BIN;
 const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
@@ -60,8 +60,8 @@ TEST(RailshardTopo, RendersPngThroughGraphviz) {
 }
 
 TEST(RailshardTopo, FileQueriesAndErrors) {
-  const auto rails = runProcess({kTopo, "--file", kFixtures + "two_rail_pair.json", "--rails",
-                                 "alpha", "beta"});
+  const auto rails =
+      runProcess({kTopo, "--file", kFixtures + "two_rail_pair.json", "--rails", "alpha", "beta"});
   ASSERT_EQ(rails.exit_code, 0) << rails.err;
   EXPECT_THAT(rails.out, HasSubstr("rails alpha <-> beta: 2"));
   EXPECT_THAT(rails.out, HasSubstr("eth0 10.1.0.1 <-> eth0 10.1.0.2  ethernet  nominal 25 Gb/s"));
@@ -79,8 +79,8 @@ TEST(RailshardTopo, FileQueriesAndErrors) {
   const auto usage = runProcess({kTopo, "--frobnicate"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_THAT(usage.err, HasSubstr("unknown argument '--frobnicate'"));
-  const auto unknown_host = runProcess({kTopo, "--file", kFixtures + "two_rail_pair.json",
-                                        "--rails", "alpha", "gamma"});
+  const auto unknown_host =
+      runProcess({kTopo, "--file", kFixtures + "two_rail_pair.json", "--rails", "alpha", "gamma"});
   EXPECT_EQ(unknown_host.exit_code, 1);
   EXPECT_THAT(unknown_host.err, HasSubstr("'gamma' is not a host"));
 }
@@ -103,8 +103,8 @@ TEST(RailshardLaunch, DumpTopologyWritesTheGraphTheRanksAgreedOn) {
   // Both ranks report the same hash as the file's, and shared memory (one host).
   EXPECT_THAT(result.out, HasSubstr("rank 0 of 2 ok after 3 allreduces over shm, topology " +
                                     graph.hash() + " with 1 host(s)"));
-  EXPECT_THAT(result.out, HasSubstr("rank 1 of 2 ok after 3 allreduces over shm, topology " +
-                                    graph.hash()));
+  EXPECT_THAT(result.out,
+              HasSubstr("rank 1 of 2 ok after 3 allreduces over shm, topology " + graph.hash()));
   // A program that never calls init() writes nothing, and the launcher says so.
   const auto silent = runProcess({kLaunch, "-n", "1", "--dump-topology", out, "true"}, kNoToken);
   EXPECT_EQ(silent.exit_code, 0);
@@ -114,10 +114,9 @@ TEST(RailshardLaunch, DumpTopologyWritesTheGraphTheRanksAgreedOn) {
 TEST(RailshardLaunch, TopologyFileSaysTwoHostsSoRanksUseTcp) {
   // The fixture's alpha/beta placement: 4 ranks, two per "host". The ranks all run here, but
   // the graph is the authority on what counts as a host, so no shared memory between them.
-  const auto result =
-      runProcess({kLaunch, "-n", "4", kCheck, "--iterations", "2"},
-                 {{"RAILSHARD_TOKEN", ""},
-                  {"RAILSHARD_TOPO_FILE", kFixtures + "two_rail_pair.json"}});
+  const auto result = runProcess(
+      {kLaunch, "-n", "4", kCheck, "--iterations", "2"},
+      {{"RAILSHARD_TOKEN", ""}, {"RAILSHARD_TOPO_FILE", kFixtures + "two_rail_pair.json"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("allreduces over tcp, topology "));
   EXPECT_THAT(result.out, HasSubstr("with 2 host(s)"));

@@ -160,8 +160,7 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.probe = parseInteger("RAILSHARD_PROBE", v, 0, 1) == 1;
        }},
-      {"RAILSHARD_PROBE_MS", "200",
-       "Milliseconds of bulk transfer per rail in the start-up probe.",
+      {"RAILSHARD_PROBE_MS", "200", "Milliseconds of bulk transfer per rail in the start-up probe.",
        [](Config& c, const std::string& v) {
          c.probe_time = std::chrono::milliseconds(parseInteger("RAILSHARD_PROBE_MS", v, 10, 60000));
        }},
@@ -204,8 +203,8 @@ std::string Config::describe() const {
       << " shm_slot_bytes=" << shm_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
-      << " topo_file=" << (topo_file.empty() ? "-" : topo_file)
-      << " probe=" << (probe ? "1" : "0") << " token=" << (token.empty() ? "none" : "set");
+      << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
+      << " token=" << (token.empty() ? "none" : "set");
   return out.str();
 }
 

@@ -8,8 +8,8 @@ namespace railshard::topology {
 namespace {
 
 template <typename Enum, size_t N>
-bool parseFrom(const std::array<std::pair<Enum, std::string_view>, N>& table,
-               std::string_view text, Enum& out) {
+bool parseFrom(const std::array<std::pair<Enum, std::string_view>, N>& table, std::string_view text,
+               Enum& out) {
   for (const auto& [value, text_value] : table) {
     if (text_value == text) {
       out = value;
@@ -66,13 +66,27 @@ constexpr std::array<std::pair<PathTransport, std::string_view>, 5> kTransports{
 
 }  // namespace
 
-std::string_view name(VertexKind kind) { return nameFrom(kVertexKinds, kind); }
-std::string_view name(LinkKind kind) { return nameFrom(kLinkKinds, kind); }
-std::string_view name(LinkLayer layer) { return nameFrom(kLinkLayers, layer); }
-std::string_view name(PathTransport transport) { return nameFrom(kTransports, transport); }
-bool parse(std::string_view text, VertexKind& out) { return parseFrom(kVertexKinds, text, out); }
-bool parse(std::string_view text, LinkKind& out) { return parseFrom(kLinkKinds, text, out); }
-bool parse(std::string_view text, LinkLayer& out) { return parseFrom(kLinkLayers, text, out); }
+std::string_view name(VertexKind kind) {
+  return nameFrom(kVertexKinds, kind);
+}
+std::string_view name(LinkKind kind) {
+  return nameFrom(kLinkKinds, kind);
+}
+std::string_view name(LinkLayer layer) {
+  return nameFrom(kLinkLayers, layer);
+}
+std::string_view name(PathTransport transport) {
+  return nameFrom(kTransports, transport);
+}
+bool parse(std::string_view text, VertexKind& out) {
+  return parseFrom(kVertexKinds, text, out);
+}
+bool parse(std::string_view text, LinkKind& out) {
+  return parseFrom(kLinkKinds, text, out);
+}
+bool parse(std::string_view text, LinkLayer& out) {
+  return parseFrom(kLinkLayers, text, out);
+}
 
 }  // namespace railshard::topology
 
@@ -98,10 +112,12 @@ std::string networkIdOf(const std::string& cidr) {
     }
   }
   unsigned char raw[16] = {0};
-  if (prefix < 0 || prefix > bits || ::inet_pton(v6 ? AF_INET6 : AF_INET, address.c_str(), raw) != 1) {
+  if (prefix < 0 || prefix > bits ||
+      ::inet_pton(v6 ? AF_INET6 : AF_INET, address.c_str(), raw) != 1) {
     throw InvalidArgument("topology: '" + cidr + "' is not an address/prefix");
   }
-  for (int bit = prefix; bit < bits; ++bit) raw[bit / 8] &= static_cast<unsigned char>(~(0x80 >> (bit % 8)));
+  for (int bit = prefix; bit < bits; ++bit)
+    raw[bit / 8] &= static_cast<unsigned char>(~(0x80 >> (bit % 8)));
   char text[INET6_ADDRSTRLEN] = {0};
   ::inet_ntop(v6 ? AF_INET6 : AF_INET, raw, text, sizeof(text));
   return "net:" + std::string(text) + "/" + std::to_string(prefix);

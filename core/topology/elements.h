@@ -69,13 +69,13 @@ struct Vertex {
 
   // NICs and networks.
   LinkLayer link_layer = LinkLayer::kUnknown;
-  double speed_gbps = 0;                // NIC nominal speed; 0 = unknown
-  int mtu = 0;                          // NIC
-  bool up = false;                      // NIC: operstate up (or unknown with carrier)
-  std::vector<std::string> addresses;   // NIC: "10.1.0.1/24", "fe80::1/64"; sorted
-  std::string rdma_device;              // NIC: "mlx5_0" when it is (also) an RDMA port
-  int rdma_port = 0;                    // NIC: port number on rdma_device
-  std::string excluded;                 // NIC: why it carries no traffic; empty = usable
+  double speed_gbps = 0;               // NIC nominal speed; 0 = unknown
+  int mtu = 0;                         // NIC
+  bool up = false;                     // NIC: operstate up (or unknown with carrier)
+  std::vector<std::string> addresses;  // NIC: "10.1.0.1/24", "fe80::1/64"; sorted
+  std::string rdma_device;             // NIC: "mlx5_0" when it is (also) an RDMA port
+  int rdma_port = 0;                   // NIC: port number on rdma_device
+  std::string excluded;                // NIC: why it carries no traffic; empty = usable
 
   bool operator==(const Vertex&) const = default;
 };
@@ -110,7 +110,7 @@ struct Rail {
   std::string nic_b;      // NIC vertex on host B
   std::string address_a;  // IP address (no prefix) on nic_a in `network`; empty for native IB
   std::string address_b;
-  std::string network;  // network vertex id
+  std::string network;                  // network vertex id
   LinkKind kind = LinkKind::kEthernet;  // kEthernet, kInfiniBand or kRoce
   bool rdma = false;                    // both ends are RDMA ports on this network
   double nominal_gbps = 0;              // the slower NIC's speed; 0 = unknown

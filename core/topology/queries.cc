@@ -12,7 +12,9 @@ namespace railshard::topology {
 
 namespace {
 
-double effective(const Link& l) { return l.measured_gbps > 0 ? l.measured_gbps : l.nominal_gbps; }
+double effective(const Link& l) {
+  return l.measured_gbps > 0 ? l.measured_gbps : l.nominal_gbps;
+}
 
 // Bandwidth used for comparing paths: unknown speeds count as unlimited, so a path is never
 // preferred just because one of its links happens to have a number on it.
@@ -20,7 +22,9 @@ double comparable(double gbps) {
   return gbps > 0 ? gbps : std::numeric_limits<double>::infinity();
 }
 
-std::string addressOnly(const std::string& cidr) { return cidr.substr(0, cidr.find('/')); }
+std::string addressOnly(const std::string& cidr) {
+  return cidr.substr(0, cidr.find('/'));
+}
 
 struct HostPath {
   std::vector<std::string> vertices;
@@ -96,7 +100,9 @@ HostPath widestInHost(const Topology& t, const std::string& from, const std::str
   return result;
 }
 
-std::string anchorOf(const RankPlacement& p) { return !p.gpu.empty() ? p.gpu : p.numa; }
+std::string anchorOf(const RankPlacement& p) {
+  return !p.gpu.empty() ? p.gpu : p.numa;
+}
 
 void appendHops(Path& path, const HostPath& hops, bool skip_first) {
   for (size_t i = skip_first ? 1 : 0; i < hops.vertices.size(); ++i) {
@@ -148,7 +154,9 @@ std::string numaOfVertex(const Topology& t, const std::string& id) {
   return "";
 }
 
-bool usableNic(const Vertex& v) { return v.kind == VertexKind::kNic && v.excluded.empty() && v.up; }
+bool usableNic(const Vertex& v) {
+  return v.kind == VertexKind::kNic && v.excluded.empty() && v.up;
+}
 
 }  // namespace
 
@@ -284,7 +292,9 @@ Affinity Topology::affinity(int r) const {
   return result;
 }
 
-std::string Topology::numaOf(const std::string& id) const { return numaOfVertex(*this, id); }
+std::string Topology::numaOf(const std::string& id) const {
+  return numaOfVertex(*this, id);
+}
 
 Path Topology::path(int a, int b) const {
   const RankPlacement& pa = rank(a);

@@ -41,7 +41,9 @@ bool naturalLess(const std::string& a, const std::string& b) {
 
 namespace {
 
-int kindOrder(VertexKind kind) { return static_cast<int>(kind); }
+int kindOrder(VertexKind kind) {
+  return static_cast<int>(kind);
+}
 
 // Canonical vertex order: hosts' contents grouped by host (natural order), host first, then
 // NUMA, switches, GPUs, NICs; networks last.
@@ -82,8 +84,7 @@ void Topology::addLink(Link link) {
   for (const auto* end : {&link.a, &link.b}) {
     if (vertices_.count(*end) == 0) {
       throw InvalidArgument("topology: link " + link.a + " -- " + link.b + " (" +
-                            std::string(name(link.kind)) + ") names unknown vertex '" + *end +
-                            "'");
+                            std::string(name(link.kind)) + ") names unknown vertex '" + *end + "'");
     }
   }
   LinkKey key = keyOf(link.a, link.b, link.kind);
@@ -159,7 +160,8 @@ void Topology::merge(const Topology& other) {
 }
 
 void Topology::renameHost(const std::string& from, const std::string& to) {
-  if (find(to) != nullptr) throw InvalidArgument("topology: cannot rename host '" + from + "' to '" + to + "': taken");
+  if (find(to) != nullptr)
+    throw InvalidArgument("topology: cannot rename host '" + from + "' to '" + to + "': taken");
   const auto rename = [&](const std::string& id) {
     if (id == from) return to;
     if (id.rfind(from + "/", 0) == 0) return to + id.substr(from.size());

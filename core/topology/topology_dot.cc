@@ -113,7 +113,8 @@ std::string Topology::toDot() const {
         << "    label=" << quote(title) << "; style=rounded;\n";
     for (const Vertex* v : vertices()) {
       if (v->host != host || v->kind == VertexKind::kHost) continue;
-      out << "    " << quote(v->id) << " [shape=" << shape(v->kind) << ", label=" << quote(label(*v));
+      out << "    " << quote(v->id) << " [shape=" << shape(v->kind)
+          << ", label=" << quote(label(*v));
       if (!v->excluded.empty()) out << ", style=dashed, color=grey50, fontcolor=grey50";
       out << "];\n";
     }
@@ -122,7 +123,8 @@ std::string Topology::toDot() const {
       const std::string id = "rank " + std::to_string(r);
       out << "    " << quote(id) << " [shape=circle, style=filled, fillcolor=lightyellow];\n";
       const std::string& anchor = !p.gpu.empty() ? p.gpu : p.numa;
-      if (!anchor.empty()) out << "    " << quote(id) << " -- " << quote(anchor) << " [style=dotted];\n";
+      if (!anchor.empty())
+        out << "    " << quote(id) << " -- " << quote(anchor) << " [style=dotted];\n";
     }
     out << "  }\n";
   }

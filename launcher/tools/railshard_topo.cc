@@ -107,7 +107,9 @@ std::string gib(uint64_t bytes) {
   return out.str();
 }
 
-std::string leaf(const std::string& id) { return id.substr(id.rfind('/') + 1); }
+std::string leaf(const std::string& id) {
+  return id.substr(id.rfind('/') + 1);
+}
 
 void printRails(const Topology& graph, const std::string& a, const std::string& b) {
   const auto rails = graph.rails(a, b);
@@ -161,7 +163,8 @@ void printSummary(const Topology& graph) {
   if (graph.worldSize() > 0) std::cout << "\nranks:\n";
   for (const auto& r : graph.ranks()) {
     std::cout << "  " << r.rank << ": " << r.host << " local " << r.local_rank << " "
-              << leaf(r.numa) << (r.gpu.empty() ? "" : " " + leaf(r.gpu));
+              << leaf(r.numa);
+    if (!r.gpu.empty()) std::cout << " " << leaf(r.gpu);
     const auto nics = graph.affinity(r.rank).nics;
     if (!nics.empty()) std::cout << ", nearest NIC " << leaf(nics.front());
     std::cout << "\n";
@@ -175,7 +178,8 @@ void printPath(const Topology& graph, int a, int b) {
             << "\n  ";
   for (size_t i = 0; i < path.vertices.size(); ++i) {
     std::cout << path.vertices[i];
-    if (i < path.links.size()) std::cout << " -(" << railshard::topology::name(path.links[i]) << ")- ";
+    if (i < path.links.size())
+      std::cout << " -(" << railshard::topology::name(path.links[i]) << ")- ";
   }
   if (path.vertices.size() == 1 && path.links.size() == 1) std::cout << "(shm)";
   std::cout << "\n";

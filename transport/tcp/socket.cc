@@ -178,8 +178,8 @@ Fd connectWithRetry(const SockAddr& addr, Deadline deadline, const std::string& 
     if (!fd.valid()) throw Error(what + ": socket(): " + errnoText(errno));
     // Binding the source address pins the connection to one interface (one rail): the
     // kernel would otherwise pick the route's preferred source.
-    if (source != nullptr &&
-        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&source->storage), source->length) != 0) {
+    if (source != nullptr && ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&source->storage),
+                                    source->length) != 0) {
       throw Error(what + ": cannot bind to " + source->toString() + ": " + errnoText(errno));
     }
     int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
