@@ -234,15 +234,7 @@ const std::vector<std::string> kFakeNics = {"docker0", "eth0", "eth2",   "eth3",
 
 // ---- pieces ----
 
-TEST(DiscoveryPieces, NetworkIdsClearHostBits) {
-  using topology::networkIdOf;
-  EXPECT_EQ(networkIdOf("10.1.0.77/24"), "net:10.1.0.0/24");
-  EXPECT_EQ(networkIdOf("10.1.200.77/17"), "net:10.1.128.0/17");
-  EXPECT_EQ(networkIdOf("192.0.2.9/32"), "net:192.0.2.9/32");
-  EXPECT_EQ(networkIdOf("fd00::2/64"), "net:fd00::/64");
-  EXPECT_EQ(networkIdOf("2001:db8:1:2:3::9/48"), "net:2001:db8:1::/48");
-  EXPECT_THROW(networkIdOf("10.1.0.1/33"), InvalidArgument);
-  EXPECT_THROW(networkIdOf("nonsense/8"), InvalidArgument);
+TEST(DiscoveryPieces, Ipv6LinkLocalAddressesAreNotNetworks) {
   EXPECT_TRUE(isIpv6LinkLocal("fe80::fc:ff:fe00:1"));
   EXPECT_FALSE(isIpv6LinkLocal("fd00::2"));
   EXPECT_FALSE(isIpv6LinkLocal("10.0.0.1"));

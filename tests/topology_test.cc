@@ -338,6 +338,9 @@ TEST(TopologyIds, NaturalOrderAndNetworkIds) {
   EXPECT_EQ(networkIdOf("10.1.0.7/24"), "net:10.1.0.0/24");
   EXPECT_EQ(networkIdOf("192.168.5.130/25"), "net:192.168.5.128/25");
   EXPECT_EQ(networkIdOf("fd00::5/64"), "net:fd00::/64");
+  EXPECT_EQ(networkIdOf("10.1.200.77/17"), "net:10.1.128.0/17");
+  EXPECT_EQ(networkIdOf("2001:db8:1:2:3::9/48"), "net:2001:db8:1::/48");
+  EXPECT_THROW(networkIdOf("nonsense/8"), InvalidArgument);
   EXPECT_EQ(networkIdOf("10.9.8.7/32"), "net:10.9.8.7/32");
   EXPECT_THROW(networkIdOf("10.0.0.1/33"), InvalidArgument);
   EXPECT_THROW(networkIdOf("10.0.0/24"), InvalidArgument);

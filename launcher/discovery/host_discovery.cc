@@ -92,6 +92,24 @@ class HostGraphBuilder {
  private:
   std::string id(const std::string& local) const { return host_ + "/" + local; }
 
+  // A NIC vertex with what sysfs says about it; the caller adds addresses and MTU.
+  NicDraft nicDraft(const std::string& local, LinkLayer layer, double speed_gbps, bool up,
+                    const std::string& pci, const std::string& rdma_device, int rdma_port) const {
+    NicDraft draft;
+    Vertex& v = draft.vertex;
+    v.id = id(local);
+    v.kind = VertexKind::kNic;
+    v.host = host_;
+    v.name = local;
+    v.link_layer = layer;
+    v.speed_gbps = speed_gbps;
+    v.up = up;
+    v.pci = pci;
+    v.rdma_device = rdma_device;
+    v.rdma_port = rdma_port;
+    return draft;
+  }
+
   void link(const std::string& a, const std::string& b, LinkKind kind, double gbps, int lanes = 0) {
     Link l;
     l.a = a;
@@ -230,19 +248,10 @@ class HostGraphBuilder {
 
     std::vector<NicDraft> drafts;
     for (const auto& nic : net.interfaces) {
-      NicDraft draft;
+      NicDraft draft = nicDraft(nic.name, nic.link_layer, nic.speed_gbps, nic.up, nic.pci,
+                                nic.rdma_device, nic.rdma_port);
       Vertex& v = draft.vertex;
-      v.id = id(nic.name);
-      v.kind = VertexKind::kNic;
-      v.host = host_;
-      v.name = nic.name;
-      v.link_layer = nic.link_layer;
-      v.speed_gbps = nic.speed_gbps;
       v.mtu = nic.mtu;
-      v.up = nic.up;
-      v.pci = nic.pci;
-      v.rdma_device = nic.rdma_device;
-      v.rdma_port = nic.rdma_port;
       bool has_address = false;
       for (const InterfaceAddress* address : by_name[nic.name]) {
         if (address->ipv6 && isIpv6LinkLocal(address->address)) continue;
@@ -275,18 +284,8 @@ class HostGraphBuilder {
       const std::string local = unmapped_per_device[port.device] > 1
                                     ? port.device + "_port" + std::to_string(port.port)
                                     : port.device;
-      NicDraft draft;
-      Vertex& v = draft.vertex;
-      v.id = id(local);
-      v.kind = VertexKind::kNic;
-      v.host = host_;
-      v.name = local;
-      v.link_layer = port.link_layer;
-      v.speed_gbps = port.rate_gbps;
-      v.up = port.active;
-      v.pci = port.pci;
-      v.rdma_device = port.device;
-      v.rdma_port = port.port;
+      NicDraft draft = nicDraft(local, port.link_layer, port.rate_gbps, port.active, port.pci,
+                                port.device, port.port);
       draft.rdma_link_layer = port.link_layer;
       draft.gid_prefix = port.gid_prefix;
       draft.facts = {local, port.active, false, false, true, false};
