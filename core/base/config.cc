@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 #include "core/base/error.h"
@@ -163,6 +164,26 @@ const std::vector<Config::Variable>& Config::variables() {
       {"RAILSHARD_PROBE_MS", "200", "Milliseconds of bulk transfer per rail in the start-up probe.",
        [](Config& c, const std::string& v) {
          c.probe_time = std::chrono::milliseconds(parseInteger("RAILSHARD_PROBE_MS", v, 10, 60000));
+       }},
+      {"RAILSHARD_DISPATCH_POLICY", "proportional",
+       "Default dispatcher policy (DispatchOptions::fromConfig): proportional, round_robin "
+       "(or equal), weighted_round_robin, least_loaded.",
+       [](Config& c, const std::string& v) {
+         const std::set<std::string> known = {"proportional", "round_robin", "equal",
+                                              "weighted_round_robin", "least_loaded"};
+         if (known.count(v) == 0) {
+           throw ConfigError("RAILSHARD_DISPATCH_POLICY='" + v +
+                             "' is not one of proportional, round_robin, equal, "
+                             "weighted_round_robin, least_loaded");
+         }
+         c.dispatch_policy = v;
+       }},
+      {"RAILSHARD_DISPATCH_LOG_EVERY", "100",
+       "The dispatcher logs its plan and the measured throughputs at info level every this "
+       "many steps (0: never).",
+       [](Config& c, const std::string& v) {
+         c.dispatch_log_every =
+             static_cast<int>(parseInteger("RAILSHARD_DISPATCH_LOG_EVERY", v, 0, 1000000000));
        }},
       {"RAILSHARD_RANK", "(set by the launcher)",
        "This process's rank, 0 <= rank < RAILSHARD_WORLD_SIZE.", ignore},

@@ -27,6 +27,8 @@ struct Config {
   std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
   bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
   std::chrono::milliseconds probe_time{200};  // bulk-transfer time per rail in the probe
+  std::string dispatch_policy = "proportional";  // RAILSHARD_DISPATCH_POLICY
+  int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps
 
   // Reads every variable of variables() from `env` (the process environment when null).
   // A malformed value is a ConfigError naming the variable and the value.

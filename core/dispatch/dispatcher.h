@@ -1,0 +1,102 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/config.h"
+#include "core/dispatch/policy.h"
+#include "core/dispatch/throughput_estimator.h"
+
+namespace railshard::dispatch {
+
+// A half-open run of sample indices of the epoch, [begin, end).
+struct Range {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+// Who does what in one step.
+struct StepPlan {
+  uint64_t step = 0;
+  std::vector<size_t> samples;             // per rank (0 for failed ranks)
+  std::vector<std::vector<Range>> ranges;  // per rank, the epoch indices it processes
+  size_t total() const;
+  // Stable across ranks and runs: lets ranks check they computed the same plan.
+  uint64_t fingerprint() const;
+};
+
+struct DispatchOptions {
+  // Policy from RAILSHARD_DISPATCH_POLICY, everything else at its default.
+  static DispatchOptions fromConfig(const Config& config);
+
+  Policy policy = Policy::kProportional;
+  size_t micro_batch = 1;        // shares are whole micro-batches (the epoch's tail excepted)
+  size_t min_micro_batches = 0;  // per live rank and step, when the batch allows (proportional)
+  std::vector<double> weights;   // weighted_round_robin; empty = 1 per rank
+  EstimatorOptions estimator;
+};
+
+// Shares global batches among ranks and keeps the books of an epoch: every sample index in
+// [0, epoch_size) is handed to exactly one rank once; a failed rank's unfinished work moves
+// to the survivors. Pure logic (no I/O, no clock): every rank runs its own copy on the same
+// inputs and gets the same plans (CollectiveDispatcher feeds it).
+class Dispatcher {
+ public:
+  Dispatcher(int world_size, uint64_t epoch_size, DispatchOptions options);
+
+  // Plans the next step: up to `global_batch` not yet assigned samples of the epoch, shared
+  // by the policy. InvalidArgument when the previous step is not complete or the epoch is
+  // done; global_batch must be > 0.
+  const StepPlan& plan(size_t global_batch);
+  // The current step's ranges are processed (by every live rank): they become done.
+  void completeStep();
+  // Measurement from `rank`: it processed `samples` in `seconds` (its compute, not waiting).
+  void report(int rank, double samples, double seconds);
+  // Extra load signal: work already queued at the rank (least_loaded counts it).
+  void setQueued(int rank, double queued_samples);
+
+  // The rank is gone. Its ranges of the current step (not done) go to the live ranks by the
+  // policy; returns the updated plan. Later plans leave it out. InvalidArgument for the last
+  // live rank or a rank already failed.
+  const StepPlan& markFailed(int rank);
+  // A new rank; it gets work from the next plan on (equal share until it has reported).
+  int addRank(double weight = 1);
+
+  bool stepOpen() const { return step_open_; }
+  const StepPlan& current() const { return plan_; }
+  bool alive(int rank) const;
+  int worldSize() const { return static_cast<int>(alive_.size()); }
+  int liveRanks() const;
+  uint64_t epochSize() const { return epoch_size_; }
+  uint64_t assigned() const { return cursor_; }  // samples handed out so far this epoch
+  uint64_t done() const { return done_; }        // samples of completed steps
+  bool epochDone() const { return done_ == epoch_size_; }
+  // Starts the next epoch (all samples again). InvalidArgument while a step is open.
+  void newEpoch();
+  uint64_t epoch() const { return epoch_; }
+  const ThroughputEstimator& estimator() const { return estimator_; }
+  const DispatchOptions& options() const { return options_; }
+
+ private:
+  std::vector<size_t> share(size_t units, const std::vector<bool>& take_part, uint64_t rotation);
+  std::vector<double> weightsFor(const std::vector<bool>& take_part) const;
+
+  DispatchOptions options_;
+  uint64_t epoch_size_;
+  uint64_t epoch_ = 0;
+  uint64_t cursor_ = 0;
+  uint64_t done_ = 0;
+  uint64_t next_step_ = 0;
+  bool step_open_ = false;
+  std::vector<bool> alive_;
+  std::vector<double> queued_;
+  std::vector<double> static_weights_;
+  ThroughputEstimator estimator_;
+  StepPlan plan_;
+};
+
+}  // namespace railshard::dispatch
