@@ -15,6 +15,7 @@
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/dispatcher.h"
 #include "core/dispatch/sample_weighted.h"
+#include "launcher/load_monitor.h"
 #include "test_util.h"
 
 namespace railshard::dispatch {
@@ -419,6 +420,19 @@ TEST(SampleWeighted, UnequalSharesGiveTheWholeBatchGradient) {
     allreduceSampleMean(*comms[static_cast<size_t>(rank)], &v, 1, DataType::kInt32, 1, 3);
   });
   for (const auto& e : errors) EXPECT_NE(e, nullptr);
+}
+
+TEST(LoadMonitor, ReportsThisProcessesResidentMemory) {
+  launcher::LoadMonitor monitor(0);  // GPU 0: none here, so no GPU signals (and no error)
+  const std::vector<char> ballast(64 << 20, 1);  // 64 MiB touched
+  const LoadSignals signals = monitor.sample();
+  EXPECT_GE(signals.memory_bytes, 64.0 * (1 << 20));
+  EXPECT_LT(signals.memory_bytes, 64.0 * (1 << 30));
+  if (!monitor.hasGpu()) {
+    EXPECT_EQ(signals.gpu_utilization, 0);
+    EXPECT_EQ(signals.gpu_memory_bytes, 0);
+  }
+  EXPECT_EQ(ballast[12345], 1);
 }
 
 }  // namespace
