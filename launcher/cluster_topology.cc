@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/base/error.h"
+#include "core/base/fnv.h"
 #include "core/base/logging.h"
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/link_probe.h"
@@ -105,13 +106,8 @@ RankInfo decode(const std::string& text, int rank) {
 
 std::string hostSlot(const std::string& host_key) {
   // Store keys stay printable and short: the host key hashed.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : host_key) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
   std::ostringstream out;
-  out << std::hex << h;
+  out << std::hex << Fnv1a().add(host_key).value();
   return out.str();
 }
 

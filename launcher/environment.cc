@@ -4,6 +4,7 @@
 
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "transport/tcp/socket.h"
 
 extern char** environ;
 
@@ -171,8 +172,7 @@ LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& en
       if (master != nullptr && port != nullptr) {
         // torchrun's own store owns MASTER_PORT; ours takes the next port.
         const int next = static_cast<int>(parseInteger("MASTER_PORT", *port, 1, 65534)) + 1;
-        e.store_addr = (master->find(':') != std::string::npos ? "[" + *master + "]" : *master) +
-                       ":" + std::to_string(next);
+        e.store_addr = transport::tcp::joinHostPort(*master, static_cast<uint16_t>(next));
       }
     }
     crossCheck(env, e, "RANK");

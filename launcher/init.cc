@@ -51,8 +51,7 @@ Bootstrap bootstrapStore() {
       std::string host = !config.socket_ifname.empty()
                              ? addressForInterface(config.socket_ifname)
                              : (one_host ? "127.0.0.1" : defaultHostAddress());
-      const std::string spec =
-          host.find(':') != std::string::npos ? "[" + host + "]:0" : host + ":0";
+      const std::string spec = transport::tcp::joinHostPort(host, 0);
       const std::string token = config.token.empty() ? makeJobToken() : config.token;
       server =
           std::make_shared<TcpStoreServer>(transport::tcp::resolve(spec, "store address"), token);

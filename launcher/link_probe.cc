@@ -20,11 +20,6 @@ namespace tcp = transport::tcp;
 using topology::Rail;
 using topology::Topology;
 
-std::string hostPort(const std::string& address, uint16_t port) {
-  return address.find(':') != std::string::npos ? "[" + address + "]:" + std::to_string(port)
-                                                : address + ":" + std::to_string(port);
-}
-
 std::string pairKey(const ProbeOptions& options, const std::string& a, const std::string& b) {
   return options.key_prefix + "/result/" + a + "|" + b;
 }
@@ -74,9 +69,9 @@ void serveRail(int listen_fd, const ProbeOptions& options, const std::string& wh
 Measurement probeRail(const Rail& rail, uint16_t port, const ProbeOptions& options,
                       const std::string& what) {
   const Deadline deadline = deadlineAfter(options.timeout + options.bulk_time);
-  const tcp::SockAddr source = tcp::resolve(hostPort(rail.address_a, 0), what);
-  tcp::Fd fd = tcp::connectWithRetry(tcp::resolve(hostPort(rail.address_b, port), what), deadline,
-                                     what, &source);
+  const tcp::SockAddr source = tcp::resolve(tcp::joinHostPort(rail.address_a, 0), what);
+  tcp::Fd fd = tcp::connectWithRetry(tcp::resolve(tcp::joinHostPort(rail.address_b, port), what),
+                                     deadline, what, &source);
   const auto length = static_cast<uint32_t>(options.token.size());
   tcp::sendAll(fd.get(), &length, sizeof(length), deadline, what);
   tcp::sendAll(fd.get(), options.token.data(), length, deadline, what);
@@ -157,7 +152,8 @@ void runLinkProbe(Store& store, const Topology& graph, const std::string& host,
         // Server: one listener per rail on the rail's own address, published by port.
         for (size_t i = 0; i < rails.size(); ++i) {
           const std::string what = "link probe " + b + " <- " + a + " over " + rails[i].nic_b;
-          tcp::Fd listener = tcp::listenOn(tcp::resolve(hostPort(rails[i].address_b, 0), what));
+          tcp::Fd listener =
+              tcp::listenOn(tcp::resolve(tcp::joinHostPort(rails[i].address_b, 0), what));
           store.setString(pairKey(options, a, b) + "/port/" + std::to_string(i),
                           std::to_string(tcp::localAddress(listener.get()).port()),
                           options.timeout);

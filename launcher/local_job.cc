@@ -176,9 +176,7 @@ std::string advertisedAddress(int listen_fd) {
 }
 
 Fd listenForStore(const std::string& host, uint16_t port) {
-  // A bare IPv6 literal ("::1") needs brackets to be told apart from its port.
-  const bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
-  const std::string host_port = (bare_ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  const std::string host_port = transport::tcp::joinHostPort(host, port);
   Fd listener = transport::tcp::listenOn(transport::tcp::resolve(host_port, "--store-host"));
   // Keep it off 0-2, which become each rank's stdio; inherited at this number by rank 0.
   if (listener.get() <= STDERR_FILENO) {

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/base/error.h"
+#include "core/base/fnv.h"
 
 namespace railshard::dispatch {
 
@@ -12,23 +13,14 @@ size_t StepPlan::total() const {
 }
 
 uint64_t StepPlan::fingerprint() const {
-  // FNV-1a over the step number and every rank's ranges: equal plans, equal fingerprints.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  const auto mix = [&](uint64_t value) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (value >> (8 * i)) & 0xff;
-      h *= 0x100000001b3ULL;
-    }
-  };
-  mix(step);
+  // Over the step number and every rank's ranges: equal plans, equal fingerprints.
+  Fnv1a h;
+  h.add(step);
   for (size_t r = 0; r < ranges.size(); ++r) {
-    mix(r);
-    for (const Range& range : ranges[r]) {
-      mix(range.begin);
-      mix(range.end);
-    }
+    h.add(uint64_t{r});
+    for (const Range& range : ranges[r]) h.add(range.begin).add(range.end);
   }
-  return h;
+  return h.value();
 }
 
 DispatchOptions DispatchOptions::fromConfig(const Config& config) {

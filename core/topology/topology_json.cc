@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/base/error.h"
+#include "core/base/fnv.h"
 #include "core/topology/topology.h"
 
 namespace railshard::topology {
@@ -284,13 +285,9 @@ Topology Topology::fromJson(const std::string& text, const std::string& what) {
 }
 
 std::string Topology::hash() const {
-  // FNV-1a, 64 bit: not cryptographic; ranks compare it to catch disagreeing pictures
-  // (different library versions, different discovery results), not adversaries.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : toJson()) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
+  // Ranks compare it to catch disagreeing pictures (different library versions, different
+  // discovery results).
+  const uint64_t h = Fnv1a().add(toJson()).value();
   char text[17];
   std::snprintf(text, sizeof(text), "%016" PRIx64, h);
   return text;

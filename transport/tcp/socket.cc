@@ -55,6 +55,18 @@ std::string SockAddr::toString() const {
   return "(unknown address family)";
 }
 
+std::string joinHostPort(const std::string& host, uint16_t port) {
+  const bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  // Appended piecewise for the same GCC 12 -Wrestrict false positive as above.
+  std::string text;
+  if (bare_ipv6) text += "[";
+  text += host;
+  if (bare_ipv6) text += "]";
+  text += ":";
+  text += std::to_string(port);
+  return text;
+}
+
 uint16_t SockAddr::port() const {
   if (storage.ss_family == AF_INET) {
     return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);

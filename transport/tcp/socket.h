@@ -42,6 +42,9 @@ struct SockAddr {
 // Splits "host:port" ("[v6]:port" for IPv6) and resolves host. InvalidArgument when malformed
 // or unresolvable, naming `what` (e.g. "RAILSHARD_STORE_ADDR").
 SockAddr resolve(const std::string& host_port, const std::string& what);
+// "host:port", with brackets around a bare IPv6 literal ("[::1]:80"); the inverse of
+// splitHostPort.
+std::string joinHostPort(const std::string& host, uint16_t port);
 // Parses only: {host, port}.
 std::pair<std::string, uint16_t> splitHostPort(const std::string& host_port,
                                                const std::string& what);

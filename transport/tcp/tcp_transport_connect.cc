@@ -19,8 +19,7 @@ void TcpTransport::connectMesh(Store& store) {
   const int size = options_.size;
   const Deadline deadline = deadlineAfter(options_.connect_timeout);
   std::string host = options_.advertise_host.empty() ? "127.0.0.1" : options_.advertise_host;
-  const std::string bind_spec =
-      host.find(':') != std::string::npos ? "[" + host + "]:0" : host + ":0";
+  const std::string bind_spec = joinHostPort(host, 0);
   listen_fd_ = listenOn(resolve(bind_spec, "tcp transport listen address"));
   const std::string my_address = localAddress(listen_fd_.get()).toString();
   auto keyOf = [&](int r) { return options_.key_prefix + "/tcp/addr/" + std::to_string(r); };
