@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the main job: a 4-rank all-reduce sweep on this host.
+# Installs dependencies, builds, and runs the main job: three ranks of speeds 1:2:4 share each
+# training step's batch, proportionally and then equally, in one run (benchmarks/dispatch_bench).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install_deps.sh"
 "$root/scripts/build.sh"
-exec "$root/build/launcher/tools/railshard-launch" -n 4 \
-  "$root/build/benchmarks/allreduce_perf" -b 8 -e 64M -f 4
+exec "$root/build/launcher/tools/railshard-launch" -n 3 \
+  "$root/build/benchmarks/dispatch_bench" --speeds 1,2,4

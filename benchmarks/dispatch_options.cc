@@ -1,0 +1,191 @@
+#include "benchmarks/dispatch_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/base/error.h"
+#include "core/dispatch/policy.h"
+
+namespace railshard::bench {
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = text.find(separator, begin);
+    parts.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return parts;
+    begin = end + 1;
+  }
+}
+
+long long parseInteger(const std::string& option, const std::string& value, long long min,
+                       long long max) {
+  char* end = nullptr;
+  errno = 0;
+  long long number = std::strtoll(value.c_str(), &end, 10);
+  if (!value.empty() && end != value.c_str() && (*end == 'K' || *end == 'k')) {
+    number *= 1024;
+    ++end;
+  } else if (!value.empty() && end != value.c_str() && (*end == 'M' || *end == 'm')) {
+    number *= 1024 * 1024;
+    ++end;
+  }
+  if (value.empty() || *end != '\0' || errno != 0 || number < min || number > max) {
+    throw UsageError(option + ": expected an integer in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + value + "'");
+  }
+  return number;
+}
+
+double parsePositive(const std::string& option, const std::string& value) {
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || !std::isfinite(number) || number <= 0) {
+    throw UsageError(option + ": expected a number > 0, got '" + value + "'");
+  }
+  return number;
+}
+
+bool isOption(const std::string& key) {
+  for (const char* option :
+       {"--policies", "--steps", "--warmup", "--batch", "--micro", "--unit-ms", "--speeds",
+        "--slowdown", "--grad-count", "--work", "--json", "--epoch"}) {
+    if (key == option) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string usage() {
+  return "usage: dispatch_bench [options]   (run under railshard-launch, mpirun, srun, ...)\n"
+         "  --policies P,Q       policies to run in turn on the same workload (default\n"
+         "                       proportional,equal); proportional, equal (= round_robin),\n"
+         "                       weighted_round_robin (weights = --speeds), least_loaded\n"
+         "  --steps N            steps per policy (default 30)\n"
+         "  --warmup W           first W steps of each policy left out of medians (default 5)\n"
+         "  --batch G            global samples per step (default 840)\n"
+         "  --micro M            micro-batch: shares are whole micro-batches (default 8)\n"
+         "  --unit-ms U          work per sample at speed 1, in ms (default: such that the\n"
+         "                       ideal step, batch * U / sum(speeds), is 50 ms)\n"
+         "  --speeds a,b,...     speed factor per rank, one per rank (default 1 each)\n"
+         "  --slowdown R:F:S     from step S on (counted from 0 in each policy) rank R's speed\n"
+         "                       is divided by F\n"
+         "  --grad-count N       float32 gradient elements all-reduced per step (default\n"
+         "                       256K; suffixes K, M)\n"
+         "  --work sleep|cpu     sleep (default): wait out the compute time, like a CPU waiting\n"
+         "                       for its GPU; cpu: calibrated floating-point busy loop (ranks\n"
+         "                       share cores when there are more ranks than cores)\n"
+         "  --json FILE          rank 0 writes every step and a summary per policy to FILE\n"
+         "  --epoch SIZE         samples per epoch (default steps * batch)\n"
+         "  -h, --help\n"
+         "Bad options exit with status 2.\n";
+}
+
+BenchOptions parseOptions(int argc, char** argv) {
+  BenchOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      options.help = true;
+      continue;
+    }
+    std::string key = arg;
+    std::string value;
+    const auto eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else if (arg.rfind("--", 0) == 0) {
+      if (!isOption(arg)) throw UsageError("unknown option '" + arg + "'");
+      if (i + 1 >= argc) throw UsageError(arg + ": missing value");
+      value = argv[++i];
+    } else {
+      throw UsageError("unexpected argument '" + arg + "'");
+    }
+    if (key == "--policies") {
+      options.policies = split(value, ',');
+      for (const auto& policy : options.policies) {
+        try {
+          dispatch::parsePolicy(policy);
+        } catch (const Error& e) {
+          throw UsageError("--policies: " + std::string(e.what()));
+        }
+      }
+    } else if (key == "--steps") {
+      options.steps = static_cast<int>(parseInteger(key, value, 1, 1 << 24));
+    } else if (key == "--warmup") {
+      options.warmup = static_cast<int>(parseInteger(key, value, 0, 1 << 24));
+    } else if (key == "--batch") {
+      options.batch = static_cast<size_t>(parseInteger(key, value, 1, 1LL << 40));
+    } else if (key == "--micro") {
+      options.micro = static_cast<size_t>(parseInteger(key, value, 1, 1LL << 40));
+    } else if (key == "--unit-ms") {
+      options.unit_ms = parsePositive(key, value);
+    } else if (key == "--speeds") {
+      options.speeds.clear();
+      for (const auto& part : split(value, ',')) {
+        options.speeds.push_back(parsePositive(key, part));
+      }
+    } else if (key == "--slowdown") {
+      const auto parts = split(value, ':');
+      if (parts.size() != 3) {
+        throw UsageError("--slowdown: expected RANK:FACTOR:STEP (e.g. 2:2:10), got '" + value +
+                         "'");
+      }
+      Slowdown slowdown;
+      slowdown.rank = static_cast<int>(parseInteger(key + " rank", parts[0], 0, 1 << 20));
+      slowdown.factor = parsePositive(key + " factor", parts[1]);
+      slowdown.step = static_cast<int>(parseInteger(key + " step", parts[2], 0, 1 << 24));
+      options.slowdown = slowdown;
+    } else if (key == "--grad-count") {
+      options.grad_count = static_cast<size_t>(parseInteger(key, value, 1, 1LL << 32));
+    } else if (key == "--work") {
+      if (value != "sleep" && value != "cpu") {
+        throw UsageError("--work: expected sleep or cpu, got '" + value + "'");
+      }
+      options.cpu_work = value == "cpu";
+    } else if (key == "--json") {
+      if (value.empty()) throw UsageError("--json: missing file name");
+      options.json = value;
+    } else if (key == "--epoch") {
+      options.epoch = static_cast<uint64_t>(parseInteger(key, value, 1, 1LL << 62));
+    } else {
+      throw UsageError("unknown option '" + arg + "'");
+    }
+  }
+  if (options.warmup >= options.steps) {
+    throw UsageError("--warmup " + std::to_string(options.warmup) +
+                     " leaves no step to measure out of --steps " + std::to_string(options.steps));
+  }
+  if (options.slowdown && options.slowdown->step >= options.steps) {
+    throw UsageError("--slowdown: step " + std::to_string(options.slowdown->step) +
+                     " is past the last step (--steps " + std::to_string(options.steps) + ")");
+  }
+  return options;
+}
+
+// The checks that need the world size.
+void checkAgainstWorld(BenchOptions& options, int world) {
+  if (options.speeds.empty()) options.speeds.assign(static_cast<size_t>(world), 1.0);
+  if (options.speeds.size() != static_cast<size_t>(world)) {
+    throw UsageError("--speeds: " + std::to_string(options.speeds.size()) + " speeds given for " +
+                     std::to_string(world) + " ranks (one per rank)");
+  }
+  if (options.slowdown && options.slowdown->rank >= world) {
+    throw UsageError("--slowdown: rank " + std::to_string(options.slowdown->rank) +
+                     " does not exist (world size " + std::to_string(world) + ")");
+  }
+  double sum = 0;
+  for (double s : options.speeds) sum += s;
+  if (options.unit_ms == 0) {
+    options.unit_ms = kDefaultIdealStepMs * sum / static_cast<double>(options.batch);
+  }
+  if (options.epoch == 0) options.epoch = static_cast<uint64_t>(options.steps) * options.batch;
+}
+
+}  // namespace railshard::bench
