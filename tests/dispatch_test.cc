@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "core/base/error.h"
 #include "core/base/memory_store.h"
@@ -15,6 +17,8 @@
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/dispatcher.h"
 #include "core/dispatch/sample_weighted.h"
+#include "core/dispatch/static_weights.h"
+#include "core/topology/topology.h"
 #include "launcher/load_monitor.h"
 #include "test_util.h"
 
@@ -53,7 +57,9 @@ TEST(LargestRemainder, SharesAddUpAndFollowTheWeights) {
     for (size_t r = 0; r < n; ++r) {
       const double quota = units * w[r] / total;
       EXPECT_LE(std::abs(static_cast<double>(shares[r]) - quota), 1.0) << "trial " << trial;
-      if (w[r] == 0) EXPECT_EQ(shares[r], 0u);
+      if (w[r] == 0) {
+        EXPECT_EQ(shares[r], 0u);
+      }
     }
   }
 }
@@ -275,7 +281,8 @@ TEST(Dispatcher, LeastLoadedCountsQueuedWorkAndWeightedUsesStaticWeights) {
 
 // ---- over a real communicator ----
 
-std::vector<std::unique_ptr<Communicator>> makeWorld(MemoryStore& store, int size) {
+std::vector<std::unique_ptr<Communicator>> makeWorld(
+    MemoryStore& store, int size, std::shared_ptr<const topology::Topology> graph = nullptr) {
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(size));
   test::rethrowFirst(test::runRanks(size, [&](int rank) {
     Communicator::Options options;
@@ -284,6 +291,7 @@ std::vector<std::unique_ptr<Communicator>> makeWorld(MemoryStore& store, int siz
     options.config.token = "dispatch-test";
     options.config.transport = "tcp";
     options.config.timeout = std::chrono::seconds(30);
+    options.topology = graph;
     comms[static_cast<size_t>(rank)] = Communicator::create(store, options);
   }));
   return comms;
@@ -433,6 +441,42 @@ TEST(LoadMonitor, ReportsThisProcessesResidentMemory) {
     EXPECT_EQ(signals.gpu_memory_bytes, 0);
   }
   EXPECT_EQ(ballast[12345], 1);
+}
+
+TEST(StaticWeights, GpuModelsFromTheTopologyWeighTheRanks) {
+  EXPECT_EQ(gpuModelTflops("NVIDIA H100 80GB HBM3"), 989);
+  EXPECT_EQ(gpuModelTflops("NVIDIA H100 PCIe"), 756);
+  EXPECT_EQ(gpuModelTflops("NVIDIA A100-SXM4-80GB"), 312);
+  EXPECT_EQ(gpuModelTflops("NVIDIA A10"), 125);  // not A100's entry, nor the other way round
+  EXPECT_EQ(gpuModelTflops("Tesla V100-SXM2-32GB"), 125);
+  EXPECT_EQ(gpuModelTflops("NVIDIA GPU 10de:1234"), 0);
+  std::ifstream in(std::string(RAILSHARD_SOURCE_DIR) + "/tests/fixtures/mixed_cluster.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto graph = topology::Topology::fromJson(text.str(), "mixed_cluster.json");
+  // Ranks 0-4 on H100s (big: 4, small: 1), ranks 5-6 on A10s (old).
+  EXPECT_THAT(weightsFromTopology(graph), ElementsAre(989, 989, 989, 989, 989, 125, 125));
+  DispatchOptions options;
+  options.policy = Policy::kWeightedRoundRobin;
+  options.weights = weightsFromTopology(graph);
+  Dispatcher d(7, 100000, options);
+  const auto& plan = d.plan(5194);  // 989 * 5 + 125 * 2 = 5195: one unit short of exact
+  EXPECT_NEAR(static_cast<double>(plan.samples[0]) / plan.samples[5], 989.0 / 125, 0.1);
+  EXPECT_THROW(weightsFromTopology(topology::Topology{}), InvalidArgument);
+
+  // weighted_round_robin with no weights takes them from the communicator's cluster graph.
+  MemoryStore store;
+  auto comms = makeWorld(store, 7, std::make_shared<const topology::Topology>(graph));
+  std::vector<std::vector<size_t>> shares(7);
+  test::rethrowFirst(test::runRanks(7, [&](int rank) {
+    DispatchOptions wrr;
+    wrr.policy = Policy::kWeightedRoundRobin;
+    CollectiveDispatcher cd(*comms[static_cast<size_t>(rank)], 100000, wrr);
+    cd.nextStep(5195);
+    shares[static_cast<size_t>(rank)] = cd.plan().samples;
+  }));
+  EXPECT_THAT(shares[3], ElementsAre(989, 989, 989, 989, 989, 125, 125));
+  EXPECT_EQ(shares[6], shares[0]);
 }
 
 }  // namespace

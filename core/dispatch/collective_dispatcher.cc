@@ -7,6 +7,8 @@
 #include "core/base/error.h"
 #include "core/base/logging.h"
 #include "core/communicator.h"
+#include "core/dispatch/static_weights.h"
+#include "core/topology/topology.h"
 
 namespace railshard::dispatch {
 
@@ -39,9 +41,24 @@ std::string describe(const StepPlan& plan, const ThroughputEstimator& estimator)
 
 }  // namespace
 
+namespace {
+
+// weighted_round_robin without weights: take them from the GPU models in the cluster graph.
+DispatchOptions withTopologyWeights(const Communicator& comm, DispatchOptions options) {
+  const topology::Topology* graph = comm.topology();
+  if (options.policy == Policy::kWeightedRoundRobin && options.weights.empty() &&
+      graph != nullptr && graph->worldSize() == comm.size()) {
+    options.weights = weightsFromTopology(*graph);
+  }
+  return options;
+}
+
+}  // namespace
+
 CollectiveDispatcher::CollectiveDispatcher(Communicator& comm, uint64_t epoch_size,
                                            DispatchOptions options)
-    : comm_(comm), dispatcher_(comm.size(), epoch_size, std::move(options)) {
+    : comm_(comm),
+      dispatcher_(comm.size(), epoch_size, withTopologyWeights(comm, std::move(options))) {
   log_every_ = comm.config().dispatch_log_every;
 }
 
