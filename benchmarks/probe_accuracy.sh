@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How well the start-up link probe (RAILSHARD_PROBE=1) measures rails: two "hosts" in network
-# namespaces joined by two veth rails shaped with htb (scripts/netns_testbed.sh), one rank in
+# namespaces joined by two rails shaped with htb (benchmarks/testbed/testbed.sh), one rank in
 # each, railshard-topo as the program. Prints, per repetition, each rail's shaped rate, the
 # probe's bandwidth and latency, and the ratio measured / (0.955 x shaped) - htb delivers
 # 95.5% of the rate as TCP payload (FIELD-NOTES) - then the medians. Needs root.
@@ -13,12 +13,12 @@ rate0=${3:-1gbit}
 rate1=${4:-250mbit}
 probe_ms=${5:-300}
 here=$(cd "$(dirname "$0")/.." && pwd)
-bed="$here/scripts/netns_testbed.sh"
+bed="$here/benchmarks/testbed/testbed.sh"
 topo="$build/launcher/tools/railshard-topo"
-name="rsprobe$$"
-name=${name:0:10}
+name="rsp$$"
+name=${name:0:8}
 trap '"$bed" down "$name"' EXIT
-"$bed" up "$name" "$rate0" "$rate1"
+"$bed" up "$name" 2 "$rate0" "$rate1"
 
 to_gbit() {  # 1gbit / 250mbit / 400kbit -> Gbit/s
   python3 -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1]); \
@@ -30,12 +30,8 @@ shaped1=$(to_gbit "$rate1")
 results=$(mktemp)
 for rep in $(seq 1 "$reps"); do
   out=$(mktemp)
-  common=(RAILSHARD_WORLD_SIZE=2 RAILSHARD_STORE_ADDR=10.200.0.1:29600 RAILSHARD_TOKEN=probe
-          RAILSHARD_PROBE=1 RAILSHARD_PROBE_MS="$probe_ms" RAILSHARD_CONNECT_TIMEOUT=30)
-  env "${common[@]}" RAILSHARD_RANK=0 RAILSHARD_TOPO_DUMP="$out" \
-    timeout 120 "$bed" run "$name" a "$name-a" "$topo" >/dev/null &
-  env "${common[@]}" RAILSHARD_RANK=1 timeout 120 "$bed" run "$name" b "$name-b" "$topo" >/dev/null
-  wait
+  RAILSHARD_PROBE=1 RAILSHARD_PROBE_MS="$probe_ms" RAILSHARD_TOPO_DUMP="$out" \
+    TESTBED_TIMEOUT=120 "$bed" job "$name" "$topo" >/dev/null
   python3 - "$out" "$shaped0" "$shaped1" "$rep" >>"$results" <<'PY'
 import json, sys
 graph = json.load(open(sys.argv[1]))

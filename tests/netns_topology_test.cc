@@ -1,5 +1,5 @@
-// Two "hosts" on this machine: network namespaces joined by two veth rails shaped to 400 and
-// 100 Mbit/s (scripts/netns_testbed.sh), each rank in its own namespace and UTS namespace.
+// Two "hosts" on this machine: network namespaces joined by two rails shaped to 400 and
+// 100 Mbit/s (benchmarks/testbed/testbed.sh), each rank in its own network and UTS namespace.
 // Discovery must find both rails, the probe must measure what the shaping allows, and the
 // ranks must talk over TCP between the "hosts". Needs root and iproute2; skips otherwise.
 #include <gmock/gmock.h>
@@ -20,7 +20,7 @@ using railshard::test::runProcess;
 using railshard::topology::Topology;
 using ::testing::HasSubstr;
 
-const std::string kTestbed = std::string(RAILSHARD_SOURCE_DIR) + "/scripts/netns_testbed.sh";
+const std::string kTestbed = std::string(RAILSHARD_SOURCE_DIR) + "/benchmarks/testbed/testbed.sh";
 const std::string kTopo = RAILSHARD_TOPO_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
@@ -28,9 +28,9 @@ class NetnsTestbed : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-    name_ = "rst" + std::to_string(::getpid() % 100000);
+    name_ = "rst" + std::to_string(::getpid() % 100000);  // <= 8 characters
     runProcess({kTestbed, "down", name_});
-    const ProcessResult up = runProcess({kTestbed, "up", name_, "400mbit", "100mbit"});
+    const ProcessResult up = runProcess({kTestbed, "up", name_, "2", "400mbit", "100mbit"});
     if (up.exit_code != 0) {
       GTEST_SKIP() << "cannot build the namespace test bed (no netns/veth/tc support?): " << up.err;
     }
@@ -40,11 +40,10 @@ class NetnsTestbed : public ::testing::Test {
     if (ready_) runProcess({kTestbed, "down", name_});
   }
 
-  // Rank r of 2 in namespace a (r = 0) or b, as host "<name>-host-a|b".
+  // Rank r of 2 in host r of the test bed (host name "<name>-h<r>").
   std::future<ProcessResult> startRank(int rank, const std::vector<std::string>& command,
                                        std::map<std::string, std::string> env) {
-    const std::string side = rank == 0 ? "a" : "b";
-    std::vector<std::string> argv = {kTestbed, "run", name_, side, name_ + "-host-" + side};
+    std::vector<std::string> argv = {kTestbed, "run", name_, std::to_string(rank)};
     argv.insert(argv.end(), command.begin(), command.end());
     env["RAILSHARD_RANK"] = std::to_string(rank);
     env["RAILSHARD_WORLD_SIZE"] = "2";
@@ -75,19 +74,19 @@ TEST_F(NetnsTestbed, DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping) {
   std::stringstream text;
   text << in.rdbuf();
   const Topology graph = Topology::fromJson(text.str(), dump);
-  const std::string a = name_ + "-host-a";
-  const std::string b = name_ + "-host-b";
+  const std::string a = name_ + "-h0";
+  const std::string b = name_ + "-h1";
   ASSERT_EQ(graph.hosts(), (std::vector<std::string>{a, b}));
   EXPECT_EQ(graph.rank(0).host, a);
   EXPECT_EQ(graph.rank(1).host, b);
   const auto rails = graph.rails(a, b);
   ASSERT_EQ(rails.size(), 2u) << r0.out;
   // htb delivers ~95.5% of the shaped rate as TCP payload (FIELD-NOTES); allow +-30%.
-  EXPECT_EQ(rails[0].nic_a, a + "/" + name_ + "a0");
+  EXPECT_EQ(rails[0].nic_a, a + "/rail0");
   EXPECT_EQ(rails[0].address_a, "10.200.0.1");
   EXPECT_EQ(rails[0].address_b, "10.200.0.2");
   EXPECT_NEAR(rails[0].measured_gbps, 0.4 * 0.955, 0.4 * 0.3) << r0.out;
-  EXPECT_EQ(rails[1].nic_b, b + "/" + name_ + "b1");
+  EXPECT_EQ(rails[1].nic_b, b + "/rail1");
   EXPECT_EQ(rails[1].address_b, "10.201.0.2");
   EXPECT_NEAR(rails[1].measured_gbps, 0.1 * 0.955, 0.1 * 0.3) << r0.out;
   EXPECT_GT(rails[0].latency_us, 0);
