@@ -93,6 +93,21 @@ TEST(RailshardTopo, UnderTheLauncherRankZeroPrintsTheJobsGraph) {
   EXPECT_EQ(graph.hosts().size(), 1u);
 }
 
+TEST(RailshardTopo, UnderMpirunRankZeroPrintsTheJobsGraph) {
+#ifndef RAILSHARD_HAVE_MPI
+  GTEST_SKIP() << "built without MPI";
+#else
+  const auto result = runProcess({RAILSHARD_MPIRUN, "--allow-run-as-root", "--oversubscribe",
+                                  "--bind-to", "none", "-np", "3", kTopo, "--json"},
+                                 kNoToken);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const Topology graph = Topology::fromJson(result.out, "mpirun railshard-topo");
+  EXPECT_EQ(graph.worldSize(), 3);
+  EXPECT_EQ(graph.hosts().size(), 1u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(graph.rank(r).local_rank, r);
+#endif
+}
+
 TEST(RailshardLaunch, DumpTopologyWritesTheGraphTheRanksAgreedOn) {
   const std::string out = ::testing::TempDir() + "/job_topology.json";
   const auto result = runProcess(
