@@ -74,9 +74,25 @@ void Topology::addVertex(Vertex vertex) {
   }
   std::sort(vertex.addresses.begin(), vertex.addresses.end());
   const std::string id = vertex.id;
-  if (!vertices_.emplace(id, std::move(vertex)).second) {
-    throw InvalidArgument("topology: duplicate vertex id '" + id + "'");
-  }
+  const auto [it, added] = vertices_.emplace(id, std::move(vertex));
+  if (!added) throw InvalidArgument("topology: duplicate vertex id '" + id + "'");
+  index(it->second);
+}
+
+void Topology::index(const Vertex& vertex) {
+  members_[vertex.kind == VertexKind::kNetwork ? "" : vertex.host].push_back(vertex.id);
+}
+
+void Topology::index(const LinkKey& key) {
+  adjacency_[std::get<0>(key)].push_back(key);
+  adjacency_[std::get<1>(key)].push_back(key);
+}
+
+void Topology::reindex() {
+  members_.clear();
+  adjacency_.clear();
+  for (const auto& [id, vertex] : vertices_) index(vertex);
+  for (const auto& [key, link] : links_) index(key);
 }
 
 void Topology::addLink(Link link) {
@@ -94,6 +110,7 @@ void Topology::addLink(Link link) {
     throw InvalidArgument("topology: duplicate " + std::string(name(link.kind)) + " link " +
                           link.a + " -- " + link.b);
   }
+  index(key);
   links_.emplace(std::move(key), std::move(link));
 }
 
@@ -141,7 +158,7 @@ void Topology::merge(const Topology& other) {
   for (const auto& [id, vertex] : other.vertices_) {
     const auto it = vertices_.find(id);
     if (it == vertices_.end()) {
-      vertices_.emplace(id, vertex);
+      index(vertices_.emplace(id, vertex).first->second);
     } else if (!(it->second == vertex)) {
       throw InvalidArgument("topology: vertex '" + id +
                             "' is described differently by two hosts (same host name on two "
@@ -152,6 +169,7 @@ void Topology::merge(const Topology& other) {
     const auto it = links_.find(key);
     if (it == links_.end()) {
       links_.emplace(key, link);
+      index(key);
     } else if (!(it->second == link)) {
       throw InvalidArgument("topology: link " + link.a + " -- " + link.b +
                             " is described differently by two hosts");
@@ -189,6 +207,7 @@ void Topology::renameHost(const std::string& from, const std::string& to) {
   }
   vertices_ = std::move(vertices);
   links_ = std::move(links);
+  reindex();
 }
 
 const Vertex* Topology::find(const std::string& id) const {
@@ -213,9 +232,18 @@ std::vector<const Vertex*> Topology::vertices() const {
 
 std::vector<const Vertex*> Topology::vertices(VertexKind kind, const std::string& host) const {
   std::vector<const Vertex*> result;
-  for (const Vertex* v : vertices()) {
-    if (v->kind == kind && (host.empty() || v->host == host)) result.push_back(v);
+  if (host.empty()) {
+    for (const auto& [id, vertex] : vertices_) {
+      if (vertex.kind == kind) result.push_back(&vertex);
+    }
+  } else if (const auto it = members_.find(host); it != members_.end()) {
+    for (const std::string& id : it->second) {
+      const Vertex& vertex = vertices_.at(id);
+      if (vertex.kind == kind) result.push_back(&vertex);
+    }
   }
+  std::sort(result.begin(), result.end(),
+            [](const Vertex* x, const Vertex* y) { return canonicalLess(*x, *y); });
   return result;
 }
 
@@ -238,9 +266,14 @@ std::vector<const Link*> Topology::links() const {
 
 std::vector<const Link*> Topology::linksOf(const std::string& id) const {
   std::vector<const Link*> result;
-  for (const auto& [key, link] : links_) {
-    if (link.a == id || link.b == id) result.push_back(&link);
-  }
+  const auto it = adjacency_.find(id);
+  if (it == adjacency_.end()) return result;
+  for (const LinkKey& key : it->second) result.push_back(&links_.at(key));
+  // The order links were added in differs between graphs with equal content; queries that
+  // break ties by visiting order must see the same order everywhere.
+  std::sort(result.begin(), result.end(), [](const Link* x, const Link* y) {
+    return std::tie(x->a, x->b, x->kind) < std::tie(y->a, y->b, y->kind);
+  });
   return result;
 }
 

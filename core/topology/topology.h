@@ -78,15 +78,26 @@ class Topology {
   // 16 hex digits identifying the content (FNV-1a over the canonical JSON).
   std::string hash() const;
 
-  bool operator==(const Topology&) const = default;
+  // Equal content; the indexes below are derived and not compared.
+  bool operator==(const Topology& other) const {
+    return vertices_ == other.vertices_ && links_ == other.links_ && ranks_ == other.ranks_;
+  }
 
  private:
   using LinkKey = std::tuple<std::string, std::string, LinkKind>;
   static LinkKey keyOf(const std::string& a, const std::string& b, LinkKind kind);
 
+  void index(const Vertex& vertex);
+  void index(const LinkKey& key);
+  void reindex();
+
   std::map<std::string, Vertex> vertices_;
   std::map<LinkKey, Link> links_;
   std::vector<RankPlacement> ranks_;
+  // Indexes kept by every mutator, so that queries on a cluster of hundreds of hosts look at
+  // one host's vertices and one vertex's links instead of scanning the whole graph.
+  std::map<std::string, std::vector<std::string>> members_;  // host ("" = networks) -> ids
+  std::map<std::string, std::vector<LinkKey>> adjacency_;    // vertex id -> its links
 };
 
 // Natural order on ids: digit runs compare as numbers, so "gpu2" < "gpu10".
