@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "benchmarks/cli_args.h"
 #include "core/base/error.h"
 #include "core/dispatch/policy.h"
 
@@ -94,19 +95,14 @@ BenchOptions parseOptions(int argc, char** argv) {
       options.help = true;
       continue;
     }
-    std::string key = arg;
-    std::string value;
-    const auto eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (arg.rfind("--", 0) == 0) {
-      if (!isOption(arg)) throw UsageError("unknown option '" + arg + "'");
-      if (i + 1 >= argc) throw UsageError(arg + ": missing value");
-      value = argv[++i];
-    } else {
-      throw UsageError("unexpected argument '" + arg + "'");
+    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
+    if (arg.find('=') == std::string::npos && !isOption(arg)) {
+      throw UsageError("unknown option '" + arg + "'");
     }
+    const auto option = readOption(argc, argv, i);
+    if (!option) throw UsageError(arg + ": missing value");
+    const std::string& key = option->key;
+    const std::string& value = option->value;
     if (key == "--policies") {
       options.policies = split(value, ',');
       for (const auto& policy : options.policies) {

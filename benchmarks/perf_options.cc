@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "benchmarks/cli_args.h"
 #include "core/base/error.h"
 
 namespace railshard::bench {
@@ -72,16 +73,10 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
       options.help = true;
       continue;
     }
-    std::string key = arg;
-    std::string value;
-    const auto eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= argc) throw InvalidArgument(arg + ": missing value");
-      value = argv[++i];
-    }
+    const auto option = readOption(argc, argv, i);
+    if (!option) throw InvalidArgument(arg + ": missing value");
+    const std::string& key = option->key;
+    const std::string& value = option->value;
     if (key == "-b" || key == "--minbytes") {
       options.min_bytes = parseSize(key, value);
     } else if (key == "-e" || key == "--maxbytes") {
