@@ -19,6 +19,35 @@
 
 namespace railshard {
 
+namespace {
+
+// The rails between this rank's host and every other rank's, from the cluster graph: the TCP
+// transport opens a connection on each and stripes messages over them. Ranks on this host,
+// and rails without IP addresses (native InfiniBand), get none.
+std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
+    const Communicator::Options& options) {
+  std::vector<std::vector<transport::tcp::RailSpec>> result(static_cast<size_t>(options.size));
+  const topology::Topology* graph = options.topology.get();
+  if (graph == nullptr || graph->worldSize() != options.size) return result;
+  const std::string& mine = graph->rank(options.rank).host;
+  for (int peer = 0; peer < options.size; ++peer) {
+    const std::string& theirs = graph->rank(peer).host;
+    if (peer == options.rank || theirs == mine) continue;
+    for (const auto& rail : graph->rails(mine, theirs)) {
+      if (rail.address_a.empty() || rail.address_b.empty()) continue;
+      transport::tcp::RailSpec spec;
+      spec.name = graph->vertex(rail.nic_a).name;
+      spec.local_address = rail.address_a;
+      spec.remote_address = rail.address_b;
+      spec.gbps = rail.gbps();
+      result[static_cast<size_t>(peer)].push_back(spec);
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& options) {
   if (options.size < 1) {
     throw InvalidArgument("Communicator: world size must be >= 1, got " +
@@ -40,6 +69,10 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   tcp.connect_timeout = options.config.connect_timeout;
   tcp.spin = std::chrono::duration_cast<Duration>(options.config.spin);
   tcp.formatter = tagFormatter();
+  tcp.peer_rails = railsToPeers(options);
+  tcp.sockets_per_rail = options.config.sockets_per_rail;
+  tcp.rail_weights = options.config.rail_weights;
+  tcp.rail_timeout = std::chrono::duration_cast<Duration>(options.config.rail_timeout);
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
   auto transport = transport::tcp::TcpTransport::create(store, std::move(tcp));

@@ -4,6 +4,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/base/clock.h"
 #include "transport/message_tag.h"
@@ -19,6 +20,19 @@ struct TagFormatter {
   std::function<std::string(int my_rank, const MessageTag& mine, int peer,
                             const MessageTag& theirs)>
       mismatch;
+};
+
+// One connection (rail, socket) to one peer, as the rail scheduler sees it now.
+struct RailStatus {
+  int peer = -1;
+  std::string name;    // "rail0" (local interface), "rail0#1" for a rail's second socket
+  std::string local;   // local address, "" for the default connection
+  std::string remote;  // peer's address
+  bool up = true;
+  double gbps = 0;          // current estimate (Gbit/s of payload)
+  double fraction = 0;      // share of a large message it gets now (0 when down)
+  uint64_t bytes_sent = 0;  // payload bytes handed to this connection so far
+  std::string down_reason;  // why it is out, when !up
 };
 
 // Point-to-point messaging between the ranks of one communicator. Messages between a pair of
@@ -47,6 +61,10 @@ class Transport {
   virtual void abort(std::exception_ptr error, bool tell_peers) = 0;
   // Throws the poisoning error if any.
   virtual void checkHealthy() const = 0;
+
+  // Every connection to every peer with its rail scheduler state; empty for transports
+  // without rails.
+  virtual std::vector<RailStatus> rails() const { return {}; }
 };
 
 }  // namespace railshard::transport

@@ -165,6 +165,33 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.probe_time = std::chrono::milliseconds(parseInteger("RAILSHARD_PROBE_MS", v, 10, 60000));
        }},
+      {"RAILSHARD_RAIL_WEIGHTS", "adaptive",
+       "How messages between two hosts are split over their rails: adaptive (start from the "
+       "topology's speeds, re-estimate from every transfer), static (the topology's speeds, "
+       "never re-estimated) or equal.",
+       [](Config& c, const std::string& v) {
+         if (v != "adaptive" && v != "static" && v != "equal") {
+           throw ConfigError("RAILSHARD_RAIL_WEIGHTS='" + v +
+                             "' is not one of adaptive, static, equal");
+         }
+         c.rail_weights = v;
+       }},
+      {"RAILSHARD_SOCKETS_PER_RAIL", "1",
+       "TCP connections per rail between two hosts (1-16); more can help a fast NIC that one "
+       "stream cannot fill.",
+       [](Config& c, const std::string& v) {
+         c.sockets_per_rail =
+             static_cast<int>(parseInteger("RAILSHARD_SOCKETS_PER_RAIL", v, 1, 16));
+       }},
+      {"RAILSHARD_RAIL_TIMEOUT", "2",
+       "Seconds a rail may hold undelivered data without progress, while another rail to the "
+       "same peer makes progress, before it is taken out and its data re-sent on the others.",
+       [](Config& c, const std::string& v) {
+         c.rail_timeout = toMillis(parseSeconds("RAILSHARD_RAIL_TIMEOUT", v));
+         if (c.rail_timeout.count() < 10) {
+           throw ConfigError("RAILSHARD_RAIL_TIMEOUT='" + v + "' must be at least 0.01 s");
+         }
+       }},
       {"RAILSHARD_DISPATCH_POLICY", "proportional",
        "Default dispatcher policy (DispatchOptions::fromConfig): proportional, round_robin "
        "(or equal), weighted_round_robin, least_loaded.",
@@ -225,6 +252,8 @@ std::string Config::describe() const {
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
+      << " rail_weights=" << rail_weights << " sockets_per_rail=" << sockets_per_rail
+      << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
       << " token=" << (token.empty() ? "none" : "set");
   return out.str();
 }

@@ -27,6 +27,9 @@ struct Config {
   std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
   bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
   std::chrono::milliseconds probe_time{200};  // bulk-transfer time per rail in the probe
+  std::string rail_weights = "adaptive";      // RAILSHARD_RAIL_WEIGHTS: adaptive | static | equal
+  int sockets_per_rail = 1;                   // RAILSHARD_SOCKETS_PER_RAIL
+  std::chrono::milliseconds rail_timeout{2000};  // RAILSHARD_RAIL_TIMEOUT: stalled rail
   std::string dispatch_policy = "proportional";  // RAILSHARD_DISPATCH_POLICY
   int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps
 

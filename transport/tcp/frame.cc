@@ -12,6 +12,12 @@ void validateFrameHeader(const FrameHeader& header) {
   }
   switch (static_cast<FrameKind>(header.kind)) {
     case FrameKind::kData:
+      if (header.offset > header.total_bytes ||
+          header.payload_bytes > header.total_bytes - header.offset) {
+        throw ProtocolError("data frame [" + std::to_string(header.offset) + ", +" +
+                            std::to_string(header.payload_bytes) + ") outside its message of " +
+                            std::to_string(header.total_bytes) + " bytes");
+      }
       return;
     case FrameKind::kAbort:
       if (header.payload_bytes > kMaxAbortMessage) {
@@ -24,7 +30,13 @@ void validateFrameHeader(const FrameHeader& header) {
       }
       return;
     case FrameKind::kBye:
-      if (header.payload_bytes != 0) throw ProtocolError("bye frame with a payload");
+    case FrameKind::kAck:
+    case FrameKind::kRailDown:
+    case FrameKind::kPing:
+      if (header.payload_bytes != 0) {
+        throw ProtocolError("control frame (kind " + std::to_string(header.kind) +
+                            ") with a payload");
+      }
       return;
   }
   throw ProtocolError("unknown frame kind " + std::to_string(header.kind));
@@ -51,6 +63,9 @@ std::string checkHello(const Hello& hello, const std::string& token_received,
   if (static_cast<int>(hello.world_size) != world_size) {
     return "world size " + std::to_string(hello.world_size) + ", expected " +
            std::to_string(world_size);
+  }
+  if (hello.channels == 0 || hello.channel >= hello.channels) {
+    return "connection " + std::to_string(hello.channel) + " of " + std::to_string(hello.channels);
   }
   if (static_cast<int>(hello.rank) <= my_rank || static_cast<int>(hello.rank) >= world_size) {
     return "unexpected rank " + std::to_string(hello.rank);

@@ -11,42 +11,58 @@ namespace railshard::transport::tcp {
 
 inline constexpr uint32_t kFrameMagic = 0x52534652;  // "RSFR"
 inline constexpr uint32_t kHelloMagic = 0x5253484c;  // "RSHL"
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kMaxAbortMessage = 16 * 1024;
 inline constexpr size_t kMaxToken = 1024;
 
 enum class FrameKind : uint8_t {
-  kData = 1,   // payload = user bytes
-  kAbort = 2,  // payload = error message; error_kind says which exception to raise
-  kBye = 3,    // graceful close: no more frames follow
+  kData = 1,      // payload = bytes [offset, offset + payload_bytes) of message `message`
+  kAbort = 2,     // payload = error message; error_kind says which exception to raise
+  kBye = 3,       // graceful close: nothing follows; `message` = messages sent in total
+  kAck = 4,       // `offset` = bytes of this connection's stream the receiver has consumed
+  kRailDown = 5,  // connection `message` is out; `offset` = its stream bytes the sender of
+                  // this frame consumed (the peer re-sends everything after that)
+  kPing = 6,      // asks for an ack (proof that this connection and the peer are alive)
 };
 
-// Precedes every message on a data connection. Fixed size, host byte order (all ranks of a
-// job run the same build on the same architecture; the hello checks the magic, which catches
-// a byte-order mismatch).
+// Precedes every frame on a data connection. Fixed size, host byte order (all ranks of a job
+// run the same build on the same architecture; the hello checks the magic, which catches a
+// byte-order mismatch). A message may arrive in several data frames over several connections
+// (rails): `message` numbers the messages of one direction between two ranks (the n-th send
+// matches the n-th receive), `offset`/`total_bytes` place the piece, so reassembly is exact
+// whatever the split and the order of arrival.
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
   uint8_t kind = 0;
   uint8_t error_kind = 0;
   uint16_t reserved = 0;
   uint64_t payload_bytes = 0;
+  uint64_t message = 0;
+  uint64_t offset = 0;
+  uint64_t total_bytes = 0;
   MessageTag tag;
 };
-static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+static_assert(sizeof(FrameHeader) == 72, "FrameHeader is part of the wire format");
 
 // Checks magic, kind and size limits before anything is allocated or written; ProtocolError
 // with the reason otherwise.
 void validateFrameHeader(const FrameHeader& header);
 
-// First bytes on every data connection: who is connecting, and the job token.
+inline constexpr uint32_t kHelloRejoin = 1;  // Hello::flags: replaces a connection taken out
+
+// First bytes on every data connection: who is connecting, which of the connections between
+// the two ranks this is (the connecting rank's numbering, rail-major), and the job token.
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint16_t version = kWireVersion;
   uint16_t token_bytes = 0;
   uint32_t rank = 0;
   uint32_t world_size = 0;
+  uint16_t channel = 0;
+  uint16_t channels = 1;
+  uint32_t flags = 0;
 };
-static_assert(sizeof(Hello) == 16, "Hello is part of the wire format");
+static_assert(sizeof(Hello) == 24, "Hello is part of the wire format");
 
 // Accepting side's check of a hello (token compared in constant time). Returns an empty
 // string when acceptable, else the reason to refuse.

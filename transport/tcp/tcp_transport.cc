@@ -25,32 +25,47 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, Options options
     throw InvalidArgument("tcp transport: rank " + std::to_string(options.rank) +
                           " outside world of size " + std::to_string(options.size));
   }
+  if (options.sockets_per_rail < 1) {
+    throw InvalidArgument("tcp transport: sockets_per_rail must be >= 1");
+  }
+  if (options.rail_weights != "adaptive" && options.rail_weights != "static" &&
+      options.rail_weights != "equal") {
+    throw InvalidArgument("tcp transport: rail_weights '" + options.rail_weights + "'");
+  }
   std::unique_ptr<TcpTransport> transport(new TcpTransport(std::move(options)));
   transport->peers_.resize(static_cast<size_t>(transport->options_.size));
-  if (transport->options_.size > 1) transport->connectMesh(store);
   transport->epoll_fd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
   transport->wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!transport->epoll_fd_.valid() || !transport->wake_fd_.valid()) {
     throw Error("tcp transport: epoll/eventfd: " + errnoText(errno));
   }
+  if (transport->options_.size > 1) transport->connectMesh(store);
   epoll_event wake_event{};
   wake_event.events = EPOLLIN;
   wake_event.data.u64 = detail::kWakeToken;
   ::epoll_ctl(transport->epoll_fd_.get(), EPOLL_CTL_ADD, transport->wake_fd_.get(), &wake_event);
   for (auto& peer : transport->peers_) {
     if (!peer) continue;
-    setNonBlocking(peer->fd.get(), true);
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = static_cast<uint64_t>(peer->rank);
-    ::epoll_ctl(transport->epoll_fd_.get(), EPOLL_CTL_ADD, peer->fd.get(), &event);
+    for (auto& channel : peer->channels) transport->registerChannel(*peer, *channel);
   }
   transport->progress_ = std::thread([t = transport.get()] { t->progressLoop(); });
+  if (transport->multi_rail_) {
+    transport->keeper_ = std::thread([t = transport.get()] { t->keeperLoop(); });
+  }
   return transport;
+}
+
+void TcpTransport::registerChannel(Peer& peer, Channel& channel) {
+  setNonBlocking(channel.fd.get(), true);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = detail::channelToken(peer.rank, channel.index);
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, channel.fd.get(), &event);
 }
 
 TcpTransport::~TcpTransport() {
   closing_.store(true);
+  if (keeper_.joinable()) keeper_.join();  // it watches closing_
   if (progress_.joinable()) {
     if (!failed_.load()) sendByes();
     // Let queued frames (goodbyes, or abort messages after a failure) go out, then half-close
@@ -61,20 +76,24 @@ TcpTransport::~TcpTransport() {
       for (auto& peer : peers_) {
         if (!peer) continue;
         std::lock_guard<std::mutex> lock(peer->mutex);
-        if (!predicate(*peer)) return false;
+        for (auto& channel : peer->channels) {
+          if (!predicate(*channel)) return false;
+        }
       }
       return true;
     };
-    while (Clock::now() < until && !allDone([](Peer& p) { return p.lost || p.sends.empty(); })) {
+    while (Clock::now() < until && !allDone([](Channel& c) { return c.lost || c.sends.empty(); })) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     for (auto& peer : peers_) {
       if (!peer) continue;
       std::lock_guard<std::mutex> lock(peer->mutex);
-      if (peer->fd.valid()) ::shutdown(peer->fd.get(), SHUT_WR);
+      for (auto& channel : peer->channels) {
+        if (channel->fd.valid()) ::shutdown(channel->fd.get(), SHUT_WR);
+      }
     }
     while (Clock::now() < until &&
-           !allDone([](Peer& p) { return p.lost || p.read_closed || p.bye_received; })) {
+           !allDone([](Channel& c) { return c.lost || c.read_closed || c.bye_received; })) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     stopping_.store(true);
@@ -88,11 +107,15 @@ void TcpTransport::sendByes() {
     if (!peer) continue;
     std::lock_guard<std::mutex> lock(peer->mutex);
     if (peer->lost) continue;
-    auto bye = std::make_shared<SendOp>(peer->rank, nullptr, 0, MessageTag{}, true);
-    bye->header.kind = static_cast<uint8_t>(FrameKind::kBye);
-    peer->sends.push_back(bye);
-    flushSendsLocked(*peer);
-    if (!peer->sends.empty()) setWriteInterest(*peer, true);
+    // On every connection, after its data: the peer learns from the first one to arrive how
+    // many messages were sent, and each connection can then be closed without a reset.
+    for (auto& channel : peer->channels) {
+      if (channel->lost) continue;
+      auto bye = std::make_shared<Segment>();
+      bye->header.kind = static_cast<uint8_t>(FrameKind::kBye);
+      bye->header.message = peer->next_send;
+      queueSegmentLocked(*peer, *channel, bye);
+    }
   }
 }
 
@@ -133,20 +156,40 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
     throw InvalidArgument("isend: bad peer rank " + std::to_string(peer_rank));
   }
   Peer& peer = *peers_[static_cast<size_t>(peer_rank)];
-  auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, false);
+  auto op = std::make_shared<SendOp>(peer_rank, bytes, tag);
   std::string lost_reason;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (peer.lost || peer.bye_received) {
       lost_reason = peer.lost ? "the connection is gone" : "it closed its communicator";
     } else {
-      peer.sends.push_back(op);
-      if (peer.sends.size() == 1) {
-        // Nothing queued ahead: write from this thread now, which saves the progress thread's
-        // wake-up on every small message.
-        flushSendsLocked(peer);
+      const uint64_t message = peer.next_send++;
+      auto piece = [&](size_t offset, size_t length) {
+        auto segment = std::make_shared<Segment>();
+        segment->header.kind = static_cast<uint8_t>(FrameKind::kData);
+        segment->header.payload_bytes = length;
+        segment->header.message = message;
+        segment->header.offset = offset;
+        segment->header.total_bytes = bytes;
+        segment->header.tag = tag;
+        segment->data = static_cast<const uint8_t*>(data) + offset;
+        segment->parent = op;
+        segment->retained = peer.multi();
+        return segment;
+      };
+      if (!peer.multi()) {
+        op->outstanding = 1;
+        queueSegmentLocked(peer, *peer.channels[0], piece(0, bytes));
+      } else {
+        // A zero-byte message still needs its frame; it goes where one byte would.
+        std::vector<rails::Piece> pieces = peer.scheduler->split(std::max<size_t>(bytes, 1));
+        if (bytes == 0) pieces[0].length = 0;
+        op->outstanding = static_cast<int>(pieces.size());
+        for (const auto& p : pieces) {
+          queueSegmentLocked(peer, *peer.channels[static_cast<size_t>(p.rail)],
+                             piece(p.offset, p.length));
+        }
       }
-      if (!peer.sends.empty()) setWriteInterest(peer, true);
     }
   }
   if (!lost_reason.empty()) {
@@ -170,35 +213,39 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
   ErrorKind kind = ErrorKind::kMismatch;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    if (!peer.staged.empty()) {
-      auto staged = peer.staged.front();
-      if (!(staged->header.tag == tag) || staged->header.payload_bytes != bytes) {
-        problem =
-            options_.formatter.mismatch
-                ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged->header.tag)
-                : "tag mismatch";
-        if (staged->header.tag == tag) {
-          problem = "rank " + std::to_string(options_.rank) + " expected " + std::to_string(bytes) +
-                    " bytes for " + describe(tag) + " but rank " + std::to_string(peer_rank) +
-                    " sent " + std::to_string(staged->header.payload_bytes) +
-                    " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
-        }
+    const uint64_t message = peer.next_recv++;
+    auto found = peer.incoming.find(message);
+    if (found != peer.incoming.end()) {
+      // Its first piece came before this receive: it is being staged.
+      Incoming& staged = *found->second;
+      if (!(staged.tag == tag)) {
+        problem = options_.formatter.mismatch
+                      ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged.tag)
+                      : "tag mismatch";
+      } else if (staged.total != bytes) {
+        problem = "rank " + std::to_string(options_.rank) + " expected " + std::to_string(bytes) +
+                  " bytes for " + describe(tag) + " but rank " + std::to_string(peer_rank) +
+                  " sent " + std::to_string(staged.total) +
+                  " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
+      } else if (staged.complete) {
+        if (bytes > 0) std::memcpy(data, staged.staged.data(), bytes);
+        peer.incoming.erase(found);
+        op->markDone();
       } else {
-        peer.staged.pop_front();
-        if (staged->complete) {
-          if (bytes > 0) std::memcpy(data, staged->bytes.data(), bytes);
-          op->markDone();
-        } else {
-          staged->claimer = op;
-        }
+        staged.claimer = op;
       }
-    } else if (peer.lost || peer.bye_received) {
+    } else if (peer.lost || (peer.bye_received && message >= peer.bye_messages)) {
       kind = ErrorKind::kPeerLost;
       problem = "rank " + std::to_string(options_.rank) + ": cannot receive " + describe(tag) +
                 " from " + peerName(peer_rank) + ": " +
                 (peer.lost ? "the connection is gone" : "it closed its communicator");
     } else {
-      peer.recvs.push_back(op);
+      auto entry = std::make_shared<Incoming>();
+      entry->tag = tag;
+      entry->total = bytes;
+      entry->remaining = bytes;
+      entry->op = op;
+      peer.incoming.emplace(message, std::move(entry));
     }
   }
   if (problem) {
@@ -251,53 +298,121 @@ void TcpTransport::abort(std::exception_ptr error, bool tell_peers) {
   fail(error, tell_peers);
 }
 
-void TcpTransport::setWriteInterest(Peer& peer, bool on) {
-  if (peer.write_interest == on || peer.lost) return;
-  peer.write_interest = on;
+void TcpTransport::setWriteInterest(Channel& channel, bool on) {
+  if (channel.write_interest == on || channel.lost || !channel.fd.valid()) return;
+  channel.write_interest = on;
   epoll_event event{};
   event.events = EPOLLIN | (on ? EPOLLOUT : 0u);
-  event.data.u64 = static_cast<uint64_t>(peer.rank);
-  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, peer.fd.get(), &event);
+  event.data.u64 = detail::channelToken(channel.peer, channel.index);
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, channel.fd.get(), &event);
 }
 
-void TcpTransport::flushSendsLocked(Peer& peer) {
-  while (!peer.sends.empty() && !peer.lost) {
-    SendOp& op = *peer.sends.front();
-    const size_t total = sizeof(FrameHeader) + op.header.payload_bytes;
+void TcpTransport::queueSegmentLocked(Peer& peer, Channel& channel,
+                                      std::shared_ptr<Segment> segment) {
+  const bool was_empty = channel.sends.empty();
+  if (segment->header.kind == static_cast<uint8_t>(FrameKind::kData)) {
+    channel.payload_sent += segment->header.payload_bytes;
+    if (!channel.busy) {
+      channel.busy = true;
+      channel.sample_start = Clock::now();
+      channel.sample_bytes = 0;
+      channel.last_progress = channel.sample_start;
+    }
+  }
+  channel.sends.push_back(std::move(segment));
+  // Nothing queued ahead: write from this thread now, which saves the progress thread's
+  // wake-up on every small message.
+  if (was_empty) flushSendsLocked(peer, channel);
+  if (!channel.sends.empty()) setWriteInterest(channel, true);
+}
+
+void TcpTransport::queueControlLocked(Peer& peer, Channel& channel, FrameKind kind,
+                                      uint64_t message, uint64_t offset, uint64_t extra) {
+  if (channel.lost) return;
+  auto control = std::make_shared<Segment>();
+  control->header.kind = static_cast<uint8_t>(kind);
+  control->header.message = message;
+  control->header.offset = offset;
+  control->header.total_bytes = extra;
+  // Ahead of queued data (only after a frame already half on the wire): acks and failover
+  // reports must not wait behind megabytes of pieces.
+  auto at = channel.sends.begin();
+  if (at != channel.sends.end() && (*at)->written > 0) ++at;
+  const bool was_empty = channel.sends.empty();
+  channel.sends.insert(at, std::move(control));
+  if (was_empty || channel.sends.front()->written == 0) flushSendsLocked(peer, channel);
+  if (!channel.sends.empty()) setWriteInterest(channel, true);
+}
+
+void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
+  while (!channel.sends.empty() && !channel.lost && channel.fd.valid()) {
+    Segment& segment = *channel.sends.front();
+    const size_t total = sizeof(FrameHeader) + segment.header.payload_bytes;
+    if (segment.written == 0) segment.stream_begin = channel.stream_written;
     iovec iov[2];
     int iov_count = 0;
-    if (op.written < sizeof(FrameHeader)) {
-      iov[iov_count++] = {reinterpret_cast<uint8_t*>(&op.header) + op.written,
-                          sizeof(FrameHeader) - op.written};
-      if (op.header.payload_bytes > 0) {
-        iov[iov_count++] = {const_cast<uint8_t*>(op.data), op.header.payload_bytes};
+    if (segment.written < sizeof(FrameHeader)) {
+      iov[iov_count++] = {reinterpret_cast<uint8_t*>(&segment.header) + segment.written,
+                          sizeof(FrameHeader) - segment.written};
+      if (segment.header.payload_bytes > 0) {
+        iov[iov_count++] = {const_cast<uint8_t*>(segment.data), segment.header.payload_bytes};
       }
     } else {
-      const size_t offset = op.written - sizeof(FrameHeader);
-      iov[iov_count++] = {const_cast<uint8_t*>(op.data) + offset, op.header.payload_bytes - offset};
+      const size_t offset = segment.written - sizeof(FrameHeader);
+      iov[iov_count++] = {const_cast<uint8_t*>(segment.data) + offset,
+                          segment.header.payload_bytes - offset};
     }
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(iov_count);
-    const ssize_t n = ::sendmsg(peer.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::sendmsg(channel.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      // The reader side notices the broken connection too and reports it with context;
-      // mark it so no one waits for this frame.
-      peer.lost = true;
-      RS_LOG_DEBUG("rank {}: send to rank {} failed: {}", options_.rank, peer.rank,
-                   errnoText(errno));
+      // The progress thread reports the broken connection with context (or, with other rails
+      // left, takes this one out); mark it so no one waits for this frame.
+      channel.lost = true;
+      channel.down_reason = "send failed: " + errnoText(errno);
+      RS_LOG_DEBUG("rank {}: send to rank {} on {} failed: {}", options_.rank, peer.rank,
+                   channel.name, errnoText(errno));
       wake();
       return;
     }
     bytes_sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    op.written += static_cast<size_t>(n);
-    if (op.written < total) return;  // socket buffer full
-    auto done = peer.sends.front();
-    peer.sends.pop_front();
-    if (!done->internal) completeRequest(*done);
+    channel.stream_written += static_cast<uint64_t>(n);
+    segment.written += static_cast<size_t>(n);
+    if (segment.written < total) return;  // socket buffer full
+    auto done = std::move(channel.sends.front());
+    channel.sends.pop_front();
+    onSegmentWrittenLocked(peer, channel, std::move(done));
   }
+}
+
+void TcpTransport::onSegmentWrittenLocked(Peer& peer, Channel& channel,
+                                          std::shared_ptr<Segment> segment) {
+  if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) return;
+  if (!segment->retained) {
+    releaseLocked(*segment);
+    return;
+  }
+  if (channel.acked >= segment->streamEnd()) {
+    releaseLocked(*segment);
+    return;
+  }
+  // Kept until the peer acknowledges it, so that it can be re-sent if this rail fails. A
+  // small piece is copied so that its send completes now rather than an ack later.
+  if (segment->parent && segment->header.payload_bytes <= detail::kCopyPieceBytes) {
+    segment->own();
+    releaseLocked(*segment);
+  }
+  channel.unacked.push_back(std::move(segment));
+  (void)peer;
+}
+
+void TcpTransport::releaseLocked(Segment& segment) {
+  if (!segment.parent) return;
+  std::shared_ptr<SendOp> parent = std::move(segment.parent);
+  if (--parent->outstanding == 0) completeRequest(*parent);
 }
 
 void TcpTransport::completeRequest(Request& request) {
@@ -310,192 +425,59 @@ void TcpTransport::completeRequest(Request& request) {
 
 void TcpTransport::progressLoop() {
   epoll_event events[64];
+  // With several rails the loop also watches for stalled rails and adopts reconnected ones.
+  const int tick_ms =
+      multi_rail_ ? static_cast<int>(std::clamp<long long>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(options_.rail_timeout)
+                                .count() /
+                            8,
+                        5, 100))
+                  : 1000;
   while (!stopping_.load()) {
     if (failed_.load()) reader_quiesced_.store(true);
-    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, 1000);
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, tick_ms);
     if (n < 0 && errno != EINTR) {
       fail(makeError(ErrorKind::kGeneric, "tcp progress: epoll_wait: " + errnoText(errno)), true);
       return;
     }
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == detail::kWakeToken) {
+      const uint64_t token = events[i].data.u64;
+      if (token == detail::kWakeToken) {
         uint64_t value;
         [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &value, sizeof(value));
         continue;
       }
-      Peer& peer = *peers_[events[i].data.u64];
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handleReadable(peer);
-      if (events[i].events & EPOLLOUT) handleWritable(peer);
+      Peer& peer = *peers_[token >> 16];
+      Channel& channel = *peer.channels[token & 0xffff];
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) handleReadable(peer, channel);
+      if (events[i].events & EPOLLOUT) handleWritable(peer, channel);
     }
-    // A send that failed inside flushSendsLocked (possibly on another thread) marked the peer
-    // lost; make sure that is reported even if the socket never becomes readable.
+    // A send that failed inside flushSendsLocked (possibly on another thread) marked the
+    // connection lost; make sure that is reported even if the socket never becomes readable.
     for (auto& peer : peers_) {
       if (!peer) continue;
-      bool lost;
-      {
-        std::lock_guard<std::mutex> lock(peer->mutex);
-        lost = peer->lost && peer->fd.valid();
-      }
-      if (lost) onConnectionLost(*peer, "send failed: connection reset");
-    }
-  }
-}
-
-void TcpTransport::handleWritable(Peer& peer) {
-  std::lock_guard<std::mutex> lock(peer.mutex);
-  flushSendsLocked(peer);
-  if (peer.sends.empty()) setWriteInterest(peer, false);
-}
-
-void TcpTransport::handleReadable(Peer& peer) {
-  size_t budget = detail::kReadBudget;
-  while (budget > 0 && peer.fd.valid()) {
-    if (failed_.load()) {
-      reader_quiesced_.store(true);
-      drainAfterFailure(peer);
-      return;
-    }
-    ssize_t n;
-    if (!peer.in_payload) {
-      n = ::recv(peer.fd.get(), reinterpret_cast<uint8_t*>(&peer.header) + peer.header_got,
-                 sizeof(FrameHeader) - peer.header_got, MSG_DONTWAIT);
-    } else {
-      const size_t want = std::min<size_t>(peer.header.payload_bytes - peer.payload_got, budget);
-      n = ::recv(peer.fd.get(), peer.target + peer.payload_got, want, MSG_DONTWAIT);
-    }
-    if (n == 0) {
-      onConnectionLost(peer, "connection closed by the peer (process exited or crashed?)");
-      return;
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      onConnectionLost(peer, "connection error: " + errnoText(errno));
-      return;
-    }
-    bytes_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    budget -= std::min(budget, static_cast<size_t>(n));
-    if (!peer.in_payload) {
-      peer.header_got += static_cast<size_t>(n);
-      if (peer.header_got == sizeof(FrameHeader)) onHeader(peer);
-    } else {
-      peer.payload_got += static_cast<size_t>(n);
-      if (peer.payload_got == peer.header.payload_bytes) onPayloadComplete(peer);
-    }
-  }
-}
-
-void TcpTransport::onHeader(Peer& peer) {
-  try {
-    validateFrameHeader(peer.header);
-  } catch (const ProtocolError& e) {
-    fail(makeError(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " +
-                                             peerName(peer.rank) +
-                                             " broke the protocol: " + e.what()),
-         true);
-    return;
-  }
-  peer.header_got = 0;
-  peer.payload_got = 0;
-  peer.in_payload = true;
-  switch (static_cast<FrameKind>(peer.header.kind)) {
-    case FrameKind::kBye: {
-      peer.in_payload = false;
-      bool pending;
-      {
-        std::lock_guard<std::mutex> lock(peer.mutex);
-        peer.bye_received = true;
-        pending = !peer.recvs.empty();
-      }
-      if (pending && !stopping_.load()) {
-        fail(makeError(ErrorKind::kPeerLost,
-                       "rank " + std::to_string(options_.rank) + ": " + peerName(peer.rank) +
-                           " closed its communicator while this rank still waited for data "
-                           "from it"),
-             true);
-      }
-      return;
-    }
-    case FrameKind::kAbort:
-      peer.abort_text.assign(peer.header.payload_bytes, '\0');
-      peer.target = reinterpret_cast<uint8_t*>(peer.abort_text.data());
-      break;
-    case FrameKind::kData: {
-      std::optional<std::string> problem;
-      {
-        std::lock_guard<std::mutex> lock(peer.mutex);
-        if (!peer.recvs.empty()) {
-          auto op = peer.recvs.front();
-          if (!(op->tag() == peer.header.tag)) {
-            problem = options_.formatter.mismatch
-                          ? options_.formatter.mismatch(options_.rank, op->tag(), peer.rank,
-                                                        peer.header.tag)
-                          : "tag mismatch";
-          } else if (op->bytes() != peer.header.payload_bytes) {
-            problem = "rank " + std::to_string(options_.rank) + " expected " +
-                      std::to_string(op->bytes()) + " bytes for " + describe(op->tag()) +
-                      " but rank " + std::to_string(peer.rank) + " sent " +
-                      std::to_string(peer.header.payload_bytes) +
-                      " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
-          } else {
-            peer.recvs.pop_front();
-            peer.target_op = op;
-            peer.target = op->data;
-          }
-        } else if (peer.header.payload_bytes > detail::kMaxStagedBytes) {
-          problem = "rank " + std::to_string(peer.rank) + " sent an unsolicited message of " +
-                    std::to_string(peer.header.payload_bytes) + " bytes";
-        } else {
-          auto staged = std::make_shared<Staged>();
-          staged->header = peer.header;
-          staged->bytes.resize(peer.header.payload_bytes);
-          peer.staged.push_back(staged);
-          peer.target_staged = staged;
-          peer.target = staged->bytes.data();
+      for (auto& channel : peer->channels) {
+        bool lost;
+        std::string reason;
+        {
+          std::lock_guard<std::mutex> lock(peer->mutex);
+          lost = channel->lost && channel->fd.valid();
+          reason = channel->down_reason;
         }
+        if (lost) onConnectionLost(*peer, *channel, reason.empty() ? "send failed" : reason);
       }
-      if (problem) {
-        // The payload has nowhere safe to go; after fail() the reader drops it.
-        fail(makeError(ErrorKind::kMismatch, *problem), true);
-        return;
-      }
-      break;
+    }
+    if (multi_rail_ && !failed_.load()) {
+      installRejoined();
+      checkStalls();
     }
   }
-  if (peer.header.payload_bytes == 0) onPayloadComplete(peer);
 }
 
-void TcpTransport::onPayloadComplete(Peer& peer) {
-  peer.in_payload = false;
-  peer.header_got = 0;
-  if (static_cast<FrameKind>(peer.header.kind) == FrameKind::kAbort) {
-    // Forward it (tell_peers): a rank that fails only closes its connections after its own
-    // abort frames, so every peer reads an abort before it sees that rank's connection end.
-    const bool tagged = peer.abort_text.find("[reported by rank") != std::string::npos;
-    fail(makeError(static_cast<ErrorKind>(peer.header.error_kind),
-                   tagged
-                       ? peer.abort_text
-                       : peer.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
-         true);
-    return;
-  }
-  if (peer.target_op) {
-    completeRequest(*peer.target_op);
-    peer.target_op.reset();
-  } else if (peer.target_staged) {
-    std::shared_ptr<RecvOp> claimer;
-    {
-      std::lock_guard<std::mutex> lock(peer.mutex);
-      peer.target_staged->complete = true;
-      claimer = peer.target_staged->claimer;
-      if (claimer && claimer->bytes() > 0) {
-        std::memcpy(claimer->data, peer.target_staged->bytes.data(), claimer->bytes());
-      }
-    }
-    if (claimer) completeRequest(*claimer);
-    peer.target_staged.reset();
-  }
-  peer.target = nullptr;
+void TcpTransport::handleWritable(Peer& peer, Channel& channel) {
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  flushSendsLocked(peer, channel);
+  if (channel.sends.empty()) setWriteInterest(channel, false);
 }
 
 }  // namespace railshard::transport::tcp

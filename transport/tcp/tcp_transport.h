@@ -17,11 +17,30 @@
 
 namespace railshard::transport::tcp {
 
-// Full mesh of TCP connections, one per peer, driven by one progress thread per transport
-// (epoll; no thread per peer). Sends are written straight from the caller's buffer (writev of
-// header + payload) and receives land straight in the posted buffer, so large messages are
-// not copied in user space; only a message that arrives before its receive is posted is
-// staged. Waiters block on a condition variable, so more ranks than cores is fine.
+// One network link between this rank's host and a peer's: the pair of addresses on a shared
+// subnet (topology::Rail seen from this rank).
+struct RailSpec {
+  std::string name;            // for logs and RailStatus: the local interface, "rail0"
+  std::string local_address;   // this rank's IP on the rail (bound as the source)
+  std::string remote_address;  // the peer's IP on the rail
+  double gbps = 0;             // starting estimate (probed or nominal); 0 = unknown
+};
+
+// Full mesh of TCP connections driven by one progress thread per transport (epoll; no thread
+// per peer). Between two hosts joined by several rails there is one connection per rail (or
+// RAILSHARD_SOCKETS_PER_RAIL), and every message is striped over them by a RailScheduler in
+// proportion to each connection's measured rate; otherwise one connection per peer.
+//
+// Sends are written straight from the caller's buffer (writev of header + payload) and
+// receives land straight in the posted buffer, so large messages are not copied in user
+// space; only a message that arrives before its receive is posted is staged. Waiters block on
+// a condition variable, so more ranks than cores is fine.
+//
+// Rails fail independently: over several connections every data frame is kept (large pieces
+// by reference, the send completing when the peer acknowledges it; small ones as a copy) until
+// the peer says it has consumed it. A connection that errors or stalls is taken out, both
+// ranks exchange how much of it each consumed, and everything after that is re-sent on the
+// others; the connecting rank then reconnects it in the background and it is re-admitted.
 class TcpTransport : public Transport {
  public:
   struct Options {
@@ -33,6 +52,13 @@ class TcpTransport : public Transport {
     Duration connect_timeout = std::chrono::seconds(60);
     Duration spin = std::chrono::microseconds(2000);  // poll before sleeping in wait()
     TagFormatter formatter;
+    // Rails to each peer, indexed by rank (missing or empty: one connection to the peer's
+    // advertised address). Both ranks of a pair must list the same rails.
+    std::vector<std::vector<RailSpec>> peer_rails;
+    int sockets_per_rail = 1;
+    std::string rail_weights = "adaptive";  // adaptive | static | equal
+    Duration rail_timeout = std::chrono::seconds(2);
+    Duration rejoin_interval = std::chrono::seconds(1);  // between reconnection attempts
   };
 
   // Listens, publishes the address through `store`, connects to every peer, and starts the
@@ -48,6 +74,11 @@ class TcpTransport : public Transport {
   void wait(const RequestPtr& request, Deadline deadline) override;
   void abort(std::exception_ptr error, bool tell_peers) override;
   void checkHealthy() const override;
+  std::vector<RailStatus> rails() const override;
+
+  // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
+  // socket), so that the failover path runs without root.
+  void breakConnectionForTesting(int peer, int channel);
 
   // Bytes written to / read from all sockets (headers included), for tests and benchmarks.
   uint64_t bytesSent() const { return bytes_sent_.load(); }
@@ -56,26 +87,52 @@ class TcpTransport : public Transport {
  private:
   struct SendOp;
   struct RecvOp;
-  struct Staged;
+  struct Segment;
+  struct Incoming;
+  struct Channel;
   struct Peer;
+  struct Listener;
+  struct Rejoined;
 
   explicit TcpTransport(Options options);
+  // tcp_transport_connect.cc
   void connectMesh(Store& store);
+  void addChannel(int peer_rank, int index, int count, int rail_index, Fd fd,
+                  const std::string& remote);
+  void registerChannel(Peer& peer, Channel& channel);
+  // tcp_transport.cc: progress and writing
   void progressLoop();
-  void handleReadable(Peer& peer);
-  void handleWritable(Peer& peer);
+  void handleWritable(Peer& peer, Channel& channel);
   // Writes queued frames until the socket would block; caller holds peer.mutex.
-  void flushSendsLocked(Peer& peer);
-  void setWriteInterest(Peer& peer, bool on);
-  void onHeader(Peer& peer);
-  void onPayloadComplete(Peer& peer);
-  void onConnectionLost(Peer& peer, const std::string& reason);
+  void flushSendsLocked(Peer& peer, Channel& channel);
+  void setWriteInterest(Channel& channel, bool on);
+  void queueSegmentLocked(Peer& peer, Channel& channel, std::shared_ptr<Segment> segment);
+  void queueControlLocked(Peer& peer, Channel& channel, FrameKind kind, uint64_t message,
+                          uint64_t offset, uint64_t extra = 0);
+  void onSegmentWrittenLocked(Peer& peer, Channel& channel, std::shared_ptr<Segment> segment);
+  void releaseLocked(Segment& segment);
   void completeRequest(Request& request);
-  bool checkMatch(Peer& peer, const MessageTag& expected, size_t expected_bytes,
-                  const MessageTag& got, size_t got_bytes);
+  // tcp_transport_read.cc
+  void handleReadable(Peer& peer, Channel& channel);
+  void onHeader(Peer& peer, Channel& channel);
+  void onPayloadComplete(Peer& peer, Channel& channel);
+  void onAck(Peer& peer, Channel& channel, uint64_t consumed);
+  void maybeAck(Peer& peer, Channel& channel);
+  // tcp_transport_rails.cc
+  void railDown(Peer& peer, Channel& channel, const std::string& why);
+  void onRailDownReport(Peer& peer, int channel, uint64_t consumed, uint32_t generation);
+  void resendLocked(Peer& peer, Channel& channel, uint64_t consumed);
+  void resendPieceLocked(Peer& peer, Segment& segment, uint64_t skip);
+  void sendRailReportsLocked(Peer& peer);
+  void checkStalls();
+  void keeperLoop();
+  void installRejoined();
+  std::string railsSummaryLocked(const Peer& peer) const;
+  // tcp_transport_failure.cc
+  void onConnectionLost(Peer& peer, Channel& channel, const std::string& reason);
   void fail(std::exception_ptr error, bool tell_peers);
   void detachUserMemory();
-  void drainAfterFailure(Peer& peer);
+  void drainAfterFailure(Peer& peer, Channel& channel);
   [[noreturn]] void rethrowAfterQuiesce() const;
   void queueAbortFrames(ErrorKind kind, const std::string& message);
   void sendByes();
@@ -84,11 +141,15 @@ class TcpTransport : public Transport {
   std::string peerName(int peer) const;
 
   Options options_;
-  Fd listen_fd_;
+  std::vector<std::unique_ptr<Listener>> listeners_;  // default + one per local rail address
   Fd epoll_fd_;
   Fd wake_fd_;
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
+  bool multi_rail_ = false;                   // some peer has several connections
   std::thread progress_;
+  std::thread keeper_;  // re-connects rails that were taken out (multi-rail only)
+  std::mutex rejoin_mutex_;
+  std::vector<std::unique_ptr<Rejoined>> rejoined_;  // handed from keeper_ to progress_
   std::atomic<bool> closing_{false};   // destructor running: a peer leaving is expected
   std::atomic<bool> stopping_{false};  // progress thread must exit
 

@@ -1,73 +1,213 @@
-#include "transport/tcp/tcp_transport.h"
-
-#include <sys/epoll.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {
+
+namespace {
+
+std::string ipOf(const std::string& host_port) {
+  return splitHostPort(host_port, "listener address").first;
+}
+
+// Accepts one connection on any of `fds`, waiting at most until `deadline` (TimeoutError).
+Fd acceptAny(const std::vector<int>& fds, Deadline deadline, const std::string& what) {
+  std::vector<pollfd> polled;
+  for (const int fd : fds) polled.push_back({fd, POLLIN, 0});
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) throw TimeoutError(what + ": nobody connected in time");
+    const int n = ::poll(polled.data(), polled.size(),
+                         static_cast<int>(std::min<long long>(left.count() + 1, 1000)));
+    if (n < 0 && errno != EINTR) throw Error(what + ": poll: " + errnoText(errno));
+    for (const auto& p : polled) {
+      if (!(p.revents & POLLIN)) continue;
+      const int fd = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) return Fd(fd);
+    }
+  }
+}
+
+}  // namespace
+
+void TcpTransport::addChannel(int peer_rank, int index, int count, int rail_index, Fd fd,
+                              const std::string& remote) {
+  auto& slot = peers_[static_cast<size_t>(peer_rank)];
+  if (!slot) {
+    slot = std::make_unique<Peer>();
+    slot->rank = peer_rank;
+    slot->connector = peer_rank < options_.rank;
+    for (int c = 0; c < count; ++c) {
+      auto channel = std::make_unique<Channel>();
+      channel->peer = peer_rank;
+      channel->index = c;
+      channel->name = "tcp";
+      slot->channels.push_back(std::move(channel));
+    }
+  }
+  Channel& channel = *slot->channels[static_cast<size_t>(index)];
+  channel.fd = std::move(fd);
+  channel.remote = remote;
+  const auto& rails = static_cast<size_t>(peer_rank) < options_.peer_rails.size()
+                          ? options_.peer_rails[static_cast<size_t>(peer_rank)]
+                          : std::vector<RailSpec>{};
+  if (rail_index >= 0 && static_cast<size_t>(rail_index) < rails.size()) {
+    const int sockets = options_.sockets_per_rail;
+    const RailSpec& rail = rails[static_cast<size_t>(rail_index)];
+    channel.rail = rail_index;
+    channel.name = rail.name + (sockets > 1 ? "#" + std::to_string(index % sockets) : "");
+    channel.local = rail.local_address;
+    channel.remote = rail.remote_address;
+  }
+  if (index == 0) slot->address = remote;
+}
 
 void TcpTransport::connectMesh(Store& store) {
   const int rank = options_.rank;
   const int size = options_.size;
   const Deadline deadline = deadlineAfter(options_.connect_timeout);
+  const int sockets = options_.sockets_per_rail;
+
+  // The default listener (peers without rails connect there), and one per local rail address
+  // so that a connection on a rail stays on it both ways.
   std::string host = options_.advertise_host.empty() ? "127.0.0.1" : options_.advertise_host;
-  const std::string bind_spec = joinHostPort(host, 0);
-  listen_fd_ = listenOn(resolve(bind_spec, "tcp transport listen address"));
-  const std::string my_address = localAddress(listen_fd_.get()).toString();
+  auto listener = std::make_unique<Listener>();
+  listener->fd = listenOn(resolve(joinHostPort(host, 0), "tcp transport listen address"));
+  const std::string my_address = localAddress(listener->fd.get()).toString();
+  listeners_.push_back(std::move(listener));
+  std::set<std::string> rail_ips;
+  for (const auto& rails : options_.peer_rails) {
+    for (const auto& rail : rails) rail_ips.insert(rail.local_address);
+  }
+  std::string rail_listeners;
+  std::set<std::string> usable_ips;
+  for (const auto& ip : rail_ips) {
+    auto rail_listener = std::make_unique<Listener>();
+    rail_listener->ip = ip;
+    try {
+      rail_listener->fd = listenOn(resolve(joinHostPort(ip, 0), "rail address " + ip));
+    } catch (const Error& e) {
+      // A graph from a file may name addresses this host does not have: no rail there (the
+      // peer, finding no listener, leaves it out too).
+      RS_LOG_WARN("rank {}: rail address {} is not usable on this host, rail skipped: {}",
+                  options_.rank, ip, e.what());
+      continue;
+    }
+    usable_ips.insert(ip);
+    rail_listeners +=
+        (rail_listeners.empty() ? "" : " ") + localAddress(rail_listener->fd.get()).toString();
+    listeners_.push_back(std::move(rail_listener));
+  }
   auto keyOf = [&](int r) { return options_.key_prefix + "/tcp/addr/" + std::to_string(r); };
+  auto railsKeyOf = [&](int r) { return options_.key_prefix + "/tcp/rails/" + std::to_string(r); };
   store.setString(keyOf(rank), my_address, options_.connect_timeout);
-  RS_LOG_DEBUG("rank {}: tcp transport listening on {}", rank, my_address);
+  store.setString(railsKeyOf(rank), rail_listeners, options_.connect_timeout);
+  RS_LOG_DEBUG("rank {}: tcp transport listening on {} (rails: {})", rank, my_address,
+               rail_listeners.empty() ? "none" : rail_listeners);
 
   const std::string token = options_.token.substr(0, kMaxToken);
   // Connect to every lower rank; accept every higher one. Lower ranks accept only after
   // their own connects finish, and rank 0 connects to nobody, so this cannot deadlock.
   for (int r = 0; r < rank; ++r) {
-    const auto left = std::max<Duration>(Duration(0), deadline - Clock::now());
-    const std::string address = store.getString(keyOf(r), left);
-    const std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
-                             std::to_string(r) + " at " + address;
-    Fd fd = connectWithRetry(resolve(address, what), deadline, what);
-    Hello hello;
-    hello.rank = static_cast<uint32_t>(rank);
-    hello.world_size = static_cast<uint32_t>(size);
-    hello.token_bytes = static_cast<uint16_t>(token.size());
-    sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
-    sendAll(fd.get(), token.data(), token.size(), deadline, what);
-    Hello ack;
-    try {
-      recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
-    } catch (const PeerLostError&) {
-      throw PeerLostError(what +
-                          ": the peer refused the connection (different RAILSHARD_TOKEN "
-                          "or world size?)");
+    auto left = [&] { return std::max<Duration>(Duration(0), deadline - Clock::now()); };
+    const std::string address = store.getString(keyOf(r), left());
+    const auto& rails = static_cast<size_t>(r) < options_.peer_rails.size()
+                            ? options_.peer_rails[static_cast<size_t>(r)]
+                            : std::vector<RailSpec>{};
+    std::vector<std::string> their_rails;
+    if (!rails.empty()) {
+      std::istringstream in(store.getString(railsKeyOf(r), left()));
+      for (std::string one; in >> one;) their_rails.push_back(one);
     }
-    if (ack.magic != kHelloMagic || static_cast<int>(ack.rank) != r) {
-      throw ProtocolError(what + ": unexpected reply to hello");
+    // Rails both ends can use: our address is here and the peer listens on its own.
+    std::vector<std::pair<int, std::string>> usable;  // rail index, peer's listener
+    for (size_t i = 0; i < rails.size(); ++i) {
+      auto it = std::find_if(their_rails.begin(), their_rails.end(),
+                             [&](const auto& l) { return ipOf(l) == rails[i].remote_address; });
+      if (usable_ips.count(rails[i].local_address) > 0 && it != their_rails.end()) {
+        usable.emplace_back(static_cast<int>(i), *it);
+      }
     }
-    auto peer = std::make_unique<Peer>();
-    peer->rank = r;
-    peer->address = address;
-    peer->fd = std::move(fd);
-    peers_[static_cast<size_t>(r)] = std::move(peer);
+    if (!rails.empty() && usable.empty()) {
+      RS_LOG_WARN("rank {}: none of the {} rail(s) to rank {} is usable; using {}", rank,
+                  rails.size(), r, address);
+    }
+    const int count = usable.empty() ? 1 : static_cast<int>(usable.size()) * sockets;
+    for (int c = 0; c < count; ++c) {
+      std::string target = address;
+      std::optional<SockAddr> source;
+      int rail_index = -1;
+      if (!usable.empty()) {
+        rail_index = usable[static_cast<size_t>(c / sockets)].first;
+        target = usable[static_cast<size_t>(c / sockets)].second;
+        source = resolve(joinHostPort(rails[static_cast<size_t>(rail_index)].local_address, 0),
+                         "rail address");
+      }
+      const std::string what = "rank " + std::to_string(rank) + " connecting to rank " +
+                               std::to_string(r) + " at " + target;
+      Fd fd = connectWithRetry(resolve(target, what), deadline, what, source ? &*source : nullptr);
+      Hello hello;
+      hello.rank = static_cast<uint32_t>(rank);
+      hello.world_size = static_cast<uint32_t>(size);
+      hello.token_bytes = static_cast<uint16_t>(token.size());
+      hello.channel = static_cast<uint16_t>(c);
+      hello.channels = static_cast<uint16_t>(count);
+      sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
+      sendAll(fd.get(), token.data(), token.size(), deadline, what);
+      Hello ack;
+      try {
+        recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
+      } catch (const PeerLostError&) {
+        throw PeerLostError(what +
+                            ": the peer refused the connection (different RAILSHARD_TOKEN, "
+                            "world size or RAILSHARD_SOCKETS_PER_RAIL?)");
+      }
+      if (ack.magic != kHelloMagic || static_cast<int>(ack.rank) != r) {
+        throw ProtocolError(what + ": unexpected reply to hello");
+      }
+      addChannel(r, c, count, rail_index, std::move(fd), target);
+      peers_[static_cast<size_t>(r)]->channels[static_cast<size_t>(c)]->listener = target;
+    }
   }
-  int expected = size - 1 - rank;
-  while (expected > 0) {
+  // Higher ranks connect to us; each says in its hello how many connections it opens.
+  auto complete = [&](int r) {
+    const auto& peer = peers_[static_cast<size_t>(r)];
+    if (!peer) return false;
+    for (const auto& c : peer->channels) {
+      if (!c->fd.valid()) return false;
+    }
+    return true;
+  };
+  auto allComplete = [&] {
+    for (int r = rank + 1; r < size; ++r) {
+      if (!complete(r)) return false;
+    }
+    return true;
+  };
+  std::vector<int> listen_fds;
+  for (const auto& l : listeners_) listen_fds.push_back(l->fd.get());
+  while (!allComplete()) {
     Fd fd;
     try {
-      fd = acceptBefore(listen_fd_.get(), deadline, "rank " + std::to_string(rank));
+      fd = acceptAny(listen_fds, deadline, "rank " + std::to_string(rank));
     } catch (const TimeoutError&) {
       std::string missing;
       for (int r = rank + 1; r < size; ++r) {
-        if (!peers_[static_cast<size_t>(r)])
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!complete(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
       throw TimeoutError(
           "rank " + std::to_string(rank) + ": rank(s) " + missing + " did not connect within " +
@@ -92,8 +232,32 @@ void TcpTransport::connectMesh(Store& store) {
     } catch (const Error& e) {
       reason = e.what();
     }
-    if (reason.empty() && peers_[hello.rank])
+    if (reason.empty() && (hello.flags & kHelloRejoin)) reason = "reconnection during start-up";
+    if (reason.empty() && peers_[hello.rank] &&
+        hello.channels != peers_[hello.rank]->channels.size()) {
+      reason = "rank " + std::to_string(hello.rank) + " announced " +
+               std::to_string(peers_[hello.rank]->channels.size()) + " connection(s), now " +
+               std::to_string(hello.channels);
+    }
+    if (reason.empty() && peers_[hello.rank] &&
+        peers_[hello.rank]->channels[hello.channel]->fd.valid()) {
       reason = "rank " + std::to_string(hello.rank) + " connected twice";
+    }
+    // Which of our rails it came in on: the ranks may list their common rails in different
+    // orders, so the connection's local address decides.
+    int rail_index = -1;
+    if (reason.empty()) {
+      const auto& rails = hello.rank < options_.peer_rails.size() ? options_.peer_rails[hello.rank]
+                                                                  : std::vector<RailSpec>{};
+      const std::string local_ip = ipOf(localAddress(fd.get()).toString());
+      for (size_t i = 0; i < rails.size(); ++i) {
+        if (rails[i].local_address == local_ip) rail_index = static_cast<int>(i);
+      }
+      if (hello.channels > 1 && rail_index < 0) {
+        reason = "rank " + std::to_string(hello.rank) + " connected to " + local_ip +
+                 ", which is none of the rails to it";
+      }
+    }
     if (!reason.empty()) {
       RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, from, reason);
       continue;  // fd closes here; keep waiting for the real peers
@@ -101,15 +265,39 @@ void TcpTransport::connectMesh(Store& store) {
     Hello ack;
     ack.rank = static_cast<uint32_t>(rank);
     ack.world_size = static_cast<uint32_t>(size);
+    ack.channel = hello.channel;
+    ack.channels = hello.channels;
     sendAll(fd.get(), &ack, sizeof(ack), deadline, "hello reply to " + from);
-    auto peer = std::make_unique<Peer>();
-    peer->rank = static_cast<int>(hello.rank);
-    peer->address = from;
-    peer->fd = std::move(fd);
-    peers_[hello.rank] = std::move(peer);
-    --expected;
+    addChannel(static_cast<int>(hello.rank), hello.channel, hello.channels, rail_index,
+               std::move(fd), from);
   }
-  listen_fd_.reset();
+
+  // Several connections to a peer: stripe over them. Equal weights are NCCL's choice; static
+  // ones are the graph's speeds; adaptive ones start there and follow measurements.
+  for (auto& peer : peers_) {
+    if (!peer || !peer->multi()) continue;
+    multi_rail_ = true;
+    const auto& rails = options_.peer_rails[static_cast<size_t>(peer->rank)];
+    std::vector<std::string> names;
+    std::vector<double> gbps;
+    for (const auto& channel : peer->channels) {
+      names.push_back(channel->name);
+      const double rail_gbps =
+          channel->rail >= 0 ? rails[static_cast<size_t>(channel->rail)].gbps : 0.0;
+      gbps.push_back(options_.rail_weights == "equal" ? 1.0 : rail_gbps / sockets);
+    }
+    peer->scheduler = std::make_unique<rails::RailScheduler>(names, gbps);
+    std::string plan;
+    for (const auto& channel : peer->channels) {
+      plan += (plan.empty() ? "" : ", ") + channel->name + " " + channel->local + "->" +
+              channel->remote + " " + std::to_string(peer->scheduler->gbps(channel->index)) +
+              " Gbit/s";
+    }
+    RS_LOG_INFO("rank {}: {} connections to rank {} ({} weights): {}", rank, peer->channels.size(),
+                peer->rank, options_.rail_weights, plan);
+  }
+  // Listeners stay open only for rails that may need reconnecting.
+  if (!multi_rail_) listeners_.clear();
 }
 
 }  // namespace railshard::transport::tcp

@@ -1,5 +1,3 @@
-#include "transport/tcp/tcp_transport.h"
-
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,6 +8,7 @@
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {
@@ -48,23 +47,30 @@ void TcpTransport::detachUserMemory() {
   for (auto& peer : peers_) {
     if (!peer) continue;
     std::lock_guard<std::mutex> lock(peer->mutex);
-    std::deque<std::shared_ptr<SendOp>> kept;
-    for (auto& op : peer->sends) {
-      if (op->internal) {
-        kept.push_back(op);
-      } else if (op->written > 0) {
-        const size_t sent_payload =
-            op->written > sizeof(FrameHeader) ? op->written - sizeof(FrameHeader) : 0;
-        op->owned.assign(reinterpret_cast<const char*>(op->data) + sent_payload,
-                         op->header.payload_bytes - sent_payload);
-        // Re-base so that data + sent_payload points at the copy.
-        op->data = reinterpret_cast<const uint8_t*>(op->owned.data()) - sent_payload;
-        op->internal = true;
-        kept.push_back(op);
+    for (auto& channel : peer->channels) {
+      std::deque<std::shared_ptr<Segment>> kept;
+      for (auto& segment : channel->sends) {
+        const bool data = segment->header.kind == static_cast<uint8_t>(FrameKind::kData);
+        if (segment->written > 0) {
+          if (data && segment->owned.empty()) {
+            // Half on the wire: finish it from a copy so the peer's parser stays in step.
+            const size_t sent_payload =
+                segment->written > sizeof(FrameHeader) ? segment->written - sizeof(FrameHeader) : 0;
+            segment->owned.assign(reinterpret_cast<const char*>(segment->data) + sent_payload,
+                                  segment->header.payload_bytes - sent_payload);
+            // Re-base so that data + sent_payload points at the copy.
+            segment->data = reinterpret_cast<const uint8_t*>(segment->owned.data()) - sent_payload;
+          }
+          segment->parent.reset();
+          kept.push_back(segment);
+        } else if (!data) {
+          kept.push_back(segment);
+        }
       }
+      channel->sends.swap(kept);
+      channel->unacked.clear();
     }
-    peer->sends.swap(kept);
-    peer->recvs.clear();
+    peer->incoming.clear();
   }
 }
 
@@ -73,62 +79,97 @@ void TcpTransport::queueAbortFrames(ErrorKind kind, const std::string& message) 
     if (!peer) continue;
     std::lock_guard<std::mutex> lock(peer->mutex);
     if (peer->lost) continue;
-    // A half-written frame (detached by detachUserMemory) must finish first or the peer
-    // would read the abort as payload.
-    auto abort = std::make_shared<SendOp>(peer->rank, nullptr, 0, MessageTag{}, true);
-    abort->owned = message.substr(0, kMaxAbortMessage);
-    abort->data = reinterpret_cast<const uint8_t*>(abort->owned.data());
-    abort->header.kind = static_cast<uint8_t>(FrameKind::kAbort);
-    abort->header.error_kind = static_cast<uint8_t>(kind);
-    abort->header.payload_bytes = abort->owned.size();
-    peer->sends.push_back(abort);
-    flushSendsLocked(*peer);
-    if (!peer->sends.empty()) setWriteInterest(*peer, true);
+    // On every connection (the first to arrive wins), behind a half-written frame, which
+    // must finish first or the peer would read the abort as payload.
+    for (auto& channel : peer->channels) {
+      if (channel->lost) continue;
+      auto abort = std::make_shared<Segment>();
+      abort->owned = message.substr(0, kMaxAbortMessage);
+      abort->data = reinterpret_cast<const uint8_t*>(abort->owned.data());
+      abort->header.kind = static_cast<uint8_t>(FrameKind::kAbort);
+      abort->header.error_kind = static_cast<uint8_t>(kind);
+      abort->header.payload_bytes = abort->owned.size();
+      queueSegmentLocked(*peer, *channel, abort);
+    }
   }
 }
 
-void TcpTransport::drainAfterFailure(Peer& peer) {
+void TcpTransport::drainAfterFailure(Peer& peer, Channel& channel) {
   // After a failure nothing is parsed any more: bytes are read and dropped until the peer
   // closes, so that our own close sends a FIN rather than a reset (a reset can destroy the
   // abort message we sent the peer before it reads it).
   static thread_local std::vector<uint8_t> sink(size_t{1} << 16);
   while (true) {
-    const ssize_t n = ::recv(peer.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+    const ssize_t n = ::recv(channel.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     std::lock_guard<std::mutex> lock(peer.mutex);
-    peer.lost = true;
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
-    peer.fd.reset();
+    channel.lost = true;
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+    channel.fd.reset();
     return;
   }
 }
 
-void TcpTransport::onConnectionLost(Peer& peer, const std::string& reason) {
+void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::string& reason) {
   bool graceful;
   bool pending;
+  bool other_rail = false;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    graceful = peer.bye_received;
-    pending = !peer.recvs.empty() || !peer.sends.empty();
-    if (peer.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, peer.fd.get(), nullptr);
+    graceful = channel.bye_received;
+    // After its goodbye on this connection the peer sent nothing more on it; what is still
+    // missing is either arriving on another rail or will never come.
+    pending = !channel.sends.empty();
+    if (graceful) {
+      for (auto it = peer.incoming.lower_bound(peer.bye_messages); it != peer.incoming.end();
+           ++it) {
+        if (it->second->op) pending = true;
+      }
+    }
+    for (const auto& other : peer.channels) {
+      if (other.get() != &channel && other->up && !other->lost) other_rail = true;
+    }
     if (graceful && !pending) {
       // The peer said goodbye and half-closed; it is lingering for our goodbye, so the
       // socket stays open for writing until we close ourselves.
-      peer.read_closed = true;
-    } else {
-      peer.lost = true;
-      peer.fd.reset();
+      if (channel.fd.valid())
+        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+      channel.read_closed = true;
     }
   }
-  if (closing_.load() || (graceful && !pending)) {
-    RS_LOG_DEBUG("rank {}: connection to rank {} closed", options_.rank, peer.rank);
+  if (graceful && !pending) {
+    RS_LOG_DEBUG("rank {}: connection {} to rank {} closed", options_.rank, channel.name,
+                 peer.rank);
     return;
+  }
+  if (closing_.load()) {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (channel.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+    channel.lost = true;
+    channel.fd.reset();
+    return;
+  }
+  if (peer.multi() && channel.up && other_rail && !failed_.load()) {
+    // One rail failed, not the peer: fail over to the others.
+    railDown(peer, channel, reason);
+    return;
+  }
+  std::string rails;
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (channel.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+    channel.lost = true;
+    channel.up = false;
+    channel.down_reason = reason;
+    channel.fd.reset();
+    peer.lost = true;
+    if (peer.multi()) rails = " (" + railsSummaryLocked(peer) + ")";
   }
   fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
                                            ": lost connection to " + peerName(peer.rank) + ": " +
-                                           reason),
+                                           reason + rails),
        true);
 }
 

@@ -1,15 +1,19 @@
 #pragma once
 
-// Internals of TcpTransport shared by its implementation files (tcp_transport.cc: data path
-// and progress; tcp_transport_connect.cc: mesh set-up; tcp_transport_failure.cc: failures,
-// aborts, lost connections). Not part of the interface.
+// Internals of TcpTransport shared by its implementation files (tcp_transport.cc: requests,
+// progress and writing; tcp_transport_read.cc: reading and reassembly;
+// tcp_transport_connect.cc: mesh set-up; tcp_transport_rails.cc: rail failure, failover and
+// re-admission; tcp_transport_failure.cc: fatal failures, aborts, lost connections). Not part
+// of the interface.
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "transport/rails/rail_scheduler.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace railshard::transport::tcp {
@@ -17,31 +21,35 @@ namespace railshard::transport::tcp {
 namespace detail {
 
 constexpr uint64_t kWakeToken = ~uint64_t{0};
+constexpr uint64_t kListenToken = ~uint64_t{0} - 1;  // unused by epoll; listeners are polled
 // Largest message staged when it arrives before its receive is posted. Bounds what a
 // confused or hostile peer can make us allocate.
 constexpr uint64_t kMaxStagedBytes = uint64_t{1} << 34;
-// Bytes read from one peer per epoll event before others get a turn.
+// Bytes read from one connection per epoll event before others get a turn.
 constexpr size_t kReadBudget = size_t{8} << 20;
 // How long a closing transport waits for its peers' goodbyes so that no connection is reset
 // while a peer may still read from it.
 constexpr auto kLinger = std::chrono::seconds(2);
+// Multi-rail: pieces up to this size are copied when written, so their send completes at
+// once; larger ones are kept by reference until the peer acknowledges them.
+constexpr size_t kCopyPieceBytes = size_t{64} << 10;
+// Multi-rail: the receiver acknowledges at least every this many bytes, and at every frame
+// boundary where its socket runs dry.
+constexpr uint64_t kAckEveryBytes = uint64_t{256} << 10;
+// Rate samples shorter than this are latency, not bandwidth; they are not recorded.
+constexpr uint64_t kMinSampleBytes = uint64_t{128} << 10;
+
+inline uint64_t channelToken(int peer, int channel) {
+  return (static_cast<uint64_t>(peer) << 16) | static_cast<uint64_t>(channel);
+}
 
 }  // namespace detail
 
+// A send the user posted. Completes when every piece is released (written to the socket on a
+// single connection; with several, acknowledged by the peer or copied).
 struct TcpTransport::SendOp : Request {
-  SendOp(int peer, const void* payload, size_t bytes, const MessageTag& tag, bool internal)
-      : Request(Kind::kSend, peer, bytes, tag),
-        data(static_cast<const uint8_t*>(payload)),
-        internal(internal) {
-    header.kind = static_cast<uint8_t>(FrameKind::kData);
-    header.payload_bytes = bytes;
-    header.tag = tag;
-  }
-  FrameHeader header;
-  const uint8_t* data;
-  size_t written = 0;  // of header + payload
-  bool internal;       // abort/bye frames: nobody waits on them
-  std::string owned;   // payload storage of internal frames
+  SendOp(int peer, size_t bytes, const MessageTag& tag) : Request(Kind::kSend, peer, bytes, tag) {}
+  int outstanding = 0;  // pieces not yet released; guarded by the peer's mutex
 };
 
 struct TcpTransport::RecvOp : Request {
@@ -50,27 +58,71 @@ struct TcpTransport::RecvOp : Request {
   uint8_t* data;
 };
 
-// A data frame that arrived before its receive was posted.
-struct TcpTransport::Staged {
+// One frame queued on or written to a connection: a piece of a message, or a control frame.
+struct TcpTransport::Segment {
   FrameHeader header;
-  std::vector<uint8_t> bytes;
-  bool complete = false;
-  std::shared_ptr<RecvOp> claimer;  // receive posted while the payload was still arriving
+  const uint8_t* data = nullptr;   // payload: user memory, or owned below
+  std::string owned;               // payload copy (control text, small pieces, after failure)
+  std::shared_ptr<SendOp> parent;  // the send this piece counts towards; null once released
+  size_t written = 0;              // of header + payload
+  uint64_t stream_begin = 0;       // connection stream offset of the header (once started)
+  bool retained = false;           // multi-rail data: kept until the peer acknowledges it
+  uint64_t streamEnd() const { return stream_begin + sizeof(FrameHeader) + header.payload_bytes; }
+  void own() {
+    owned.assign(reinterpret_cast<const char*>(data), header.payload_bytes);
+    data = reinterpret_cast<const uint8_t*>(owned.data());
+  }
 };
 
-struct TcpTransport::Peer {
-  int rank = -1;
-  Fd fd;
-  std::string address;
+// A message being received: a posted receive (data lands in its buffer) or, when the first
+// piece came before the receive was posted, a staging buffer.
+struct TcpTransport::Incoming {
+  MessageTag tag;
+  uint64_t total = 0;
+  uint64_t remaining = 0;
+  std::shared_ptr<RecvOp> op;
+  std::vector<uint8_t> staged;
+  bool complete = false;
+  std::shared_ptr<RecvOp> claimer;  // receive posted while the staged message still arrives
+  uint8_t* base() { return op ? op->data : staged.data(); }
+};
 
-  std::mutex mutex;  // guards everything below up to the reader state
-  std::deque<std::shared_ptr<SendOp>> sends;
+// One TCP connection to a peer (one rail, or one socket of a rail).
+struct TcpTransport::Channel {
+  int peer = -1;
+  int index = 0;
+  int rail = -1;         // index into Options::peer_rails[peer]; -1 for the default connection
+  std::string name;      // "rail0", "rail0#1"; "tcp" for the default connection
+  std::string local;     // local rail address ("" for the default connection)
+  std::string remote;    // peer's address as host:port or IP
+  std::string listener;  // the peer's listener for this rail ("ip:port"), to reconnect
+  Fd fd;
+  uint32_t generation = 0;  // bumped on both ranks each time the connection is re-made
+
+  // Guarded by the peer's mutex.
+  bool up = true;                                // gets new pieces
+  bool lost = false;                             // socket gone (error, or taken out and closed)
+  std::deque<std::shared_ptr<Segment>> sends;    // front may be partly written
+  std::deque<std::shared_ptr<Segment>> unacked;  // written, awaiting the peer's ack
   bool write_interest = false;
-  std::deque<std::shared_ptr<RecvOp>> recvs;
-  std::deque<std::shared_ptr<Staged>> staged;
+  uint64_t stream_written = 0;
+  uint64_t acked = 0;  // peer consumed our stream up to here
+  uint64_t payload_sent = 0;
   bool bye_received = false;
-  bool read_closed = false;  // peer half-closed after its goodbye; we may still write
-  bool lost = false;
+  bool read_closed = false;
+  // Rate estimation: the connection is busy while it has unsent or unacknowledged data.
+  bool busy = false;
+  Clock::time_point sample_start{};
+  uint64_t sample_bytes = 0;
+  Clock::time_point last_progress{};  // last ack that advanced, or when it became busy
+  Clock::time_point last_heard{};     // last byte read
+  Clock::time_point pinged{};         // last ping sent on our behalf (stall suspicion)
+  // Failover of this connection.
+  bool report_sent = false;      // we told the peer how much of it we consumed
+  uint64_t report_consumed = 0;  // ... namely this
+  bool report_received = false;  // the peer told us; our undelivered data was re-sent
+  Clock::time_point last_rejoin_attempt{};
+  std::string down_reason;
 
   // Reader state: touched by the progress thread only.
   FrameHeader header;
@@ -78,9 +130,43 @@ struct TcpTransport::Peer {
   bool in_payload = false;
   uint8_t* target = nullptr;
   size_t payload_got = 0;
-  std::shared_ptr<RecvOp> target_op;
-  std::shared_ptr<Staged> target_staged;
+  std::shared_ptr<Incoming> target_in;
   std::string abort_text;
+  uint64_t consumed = 0;    // stream bytes read
+  uint64_t ack_sent = 0;    // `consumed` in our last ack
+  bool ack_wanted = false;  // a frame that asks for acknowledgement completed since then
+};
+
+struct TcpTransport::Peer {
+  int rank = -1;
+  std::string address;  // for messages
+  std::vector<std::unique_ptr<Channel>> channels;
+  bool connector = false;  // this rank opened the connections (it is the higher rank)
+  std::vector<std::string> rail_listeners;  // peer's "ip:port" listeners (for rejoin)
+
+  std::mutex mutex;  // guards everything below and the channels' shared state
+  std::unique_ptr<rails::RailScheduler> scheduler;  // several channels only
+  uint64_t next_send = 0;                           // message number of the next isend
+  uint64_t next_recv = 0;                           // and of the next irecv
+  std::map<uint64_t, std::shared_ptr<Incoming>> incoming;
+  bool bye_received = false;
+  uint64_t bye_messages = 0;  // messages the peer sent before its goodbye
+  bool lost = false;          // no connection left
+
+  bool multi() const { return channels.size() > 1; }
+};
+
+// A listening socket kept for rails that come back.
+struct TcpTransport::Listener {
+  Fd fd;
+  std::string ip;  // "" for the default listener
+};
+
+// A connection re-established by the keeper, waiting for the progress thread to adopt it.
+struct TcpTransport::Rejoined {
+  int peer = -1;
+  int channel = -1;
+  Fd fd;
 };
 
 }  // namespace railshard::transport::tcp

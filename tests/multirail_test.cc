@@ -1,0 +1,276 @@
+// The TCP transport over several rails, on this machine without root: 127.0.0.1 and
+// 127.0.0.2 are both local, so two ranks in threads joined by "rails" on the two addresses
+// exercise striping, reassembly, failover and re-admission over real sockets. What shaping
+// and real link loss do is tested in the namespace test bed (multirail_netns_test.cc).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "core/base/error.h"
+#include "core/base/memory_store.h"
+#include "test_util.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace {
+
+using railshard::Deadline;
+using railshard::MemoryStore;
+using railshard::transport::MessageTag;
+using railshard::transport::RailStatus;
+using railshard::transport::RequestPtr;
+using railshard::transport::tcp::RailSpec;
+using railshard::transport::tcp::TcpTransport;
+using ::testing::HasSubstr;
+
+Deadline soon(int seconds = 30) {
+  return railshard::deadlineAfter(std::chrono::seconds(seconds));
+}
+
+MessageTag tagOf(uint64_t sequence) {
+  MessageTag tag;
+  tag.sequence = sequence;
+  tag.count = sequence * 7;
+  return tag;
+}
+
+std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> data(bytes);
+  std::mt19937 rng(seed);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  return data;
+}
+
+struct Pair {
+  std::unique_ptr<TcpTransport> t[2];
+  // Both close at once, as two processes would: each lingers for the other's goodbye.
+  ~Pair() {
+    std::thread other([this] { t[1].reset(); });
+    t[0].reset();
+    other.join();
+  }
+};
+
+// Two ranks joined by `rails` rails (127.0.0.1, 127.0.0.2, ...), created in parallel.
+void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive", int sockets = 1) {
+  MemoryStore store;
+  railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
+    TcpTransport::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.token = "multirail-test";
+    options.rail_weights = weights;
+    options.sockets_per_rail = sockets;
+    options.rejoin_interval = std::chrono::milliseconds(200);
+    options.connect_timeout = std::chrono::seconds(20);
+    options.peer_rails.resize(2);
+    for (int r = 0; r < rails; ++r) {
+      RailSpec spec;
+      spec.name = "lo" + std::to_string(r);
+      spec.local_address = "127.0.0." + std::to_string(r + 1);
+      spec.remote_address = spec.local_address;
+      spec.gbps = 10;
+      options.peer_rails[static_cast<size_t>(1 - rank)].push_back(spec);
+    }
+    pair.t[rank] = TcpTransport::create(store, options);
+  }));
+}
+
+std::vector<RailStatus> railsTo(const TcpTransport& t, int peer) {
+  std::vector<RailStatus> result;
+  for (const auto& r : t.rails()) {
+    if (r.peer == peer) result.push_back(r);
+  }
+  return result;
+}
+
+TEST(MultiRail, OneConnectionPerRailEachNamedAndUp) {
+  Pair pair;
+  connectPair(pair, 2, "adaptive", 2);
+  const auto rails = railsTo(*pair.t[0], 1);
+  ASSERT_EQ(rails.size(), 4u);  // 2 rails x 2 sockets
+  EXPECT_EQ(rails[0].name, "lo0#0");
+  EXPECT_EQ(rails[1].name, "lo0#1");
+  EXPECT_EQ(rails[2].name, "lo1#0");
+  EXPECT_EQ(rails[3].local, "127.0.0.2");
+  for (const auto& r : rails) {
+    EXPECT_TRUE(r.up);
+    EXPECT_NEAR(r.fraction, 0.25, 1e-9);
+  }
+}
+
+// Sizes around every boundary of the split (small messages whole on one rail, aligned cut
+// points, odd tails), posted before and after the matching receive (staged path), both ways.
+TEST(MultiRail, StripedMessagesArriveExactlyWhateverTheSplit) {
+  Pair pair;
+  connectPair(pair, 2);
+  const std::vector<size_t> sizes = {
+      0, 1, 63, 64 << 10, (64 << 10) + 1, 1 << 20, (1 << 20) + 3, (8 << 20) + 77};
+  for (int direction = 0; direction < 2; ++direction) {
+    TcpTransport& sender = *pair.t[direction];
+    TcpTransport& receiver = *pair.t[1 - direction];
+    const int to = 1 - direction;
+    std::vector<std::vector<uint8_t>> sent;
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<RequestPtr> requests;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      sent.push_back(pattern(sizes[i], static_cast<uint32_t>(i * 31 + direction)));
+      got.emplace_back(sizes[i], 0xEE);
+    }
+    // Half the receives before the sends, half after (their data is staged first).
+    const size_t early = sizes.size() / 2;
+    for (size_t i = 0; i < early; ++i) {
+      requests.push_back(receiver.irecv(direction, got[i].data(), sizes[i], tagOf(i)));
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      requests.push_back(sender.isend(to, sent[i].data(), sizes[i], tagOf(i)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = early; i < sizes.size(); ++i) {
+      requests.push_back(receiver.irecv(direction, got[i].data(), sizes[i], tagOf(i)));
+    }
+    for (auto& r : requests) {
+      (r->kind() == railshard::transport::Request::Kind::kSend ? sender : receiver).wait(r, soon());
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(got[i], sent[i]) << "message " << i << " of " << sizes[i] << " bytes";
+    }
+  }
+  // Every payload byte went over exactly one rail, and the large ones over both.
+  const size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
+  const auto rails = railsTo(*pair.t[0], 1);
+  ASSERT_EQ(rails.size(), 2u);
+  EXPECT_EQ(rails[0].bytes_sent + rails[1].bytes_sent, total);
+  EXPECT_GT(rails[0].bytes_sent, size_t{1} << 20);
+  EXPECT_GT(rails[1].bytes_sent, size_t{1} << 20);
+}
+
+TEST(MultiRail, EqualWeightsSplitLargeMessagesEvenly) {
+  Pair pair;
+  connectPair(pair, 2, "equal");
+  const size_t bytes = 16 << 20;
+  auto data = pattern(bytes, 7);
+  std::vector<uint8_t> got(bytes);
+  auto r = pair.t[1]->irecv(0, got.data(), bytes, tagOf(1));
+  auto s = pair.t[0]->isend(1, data.data(), bytes, tagOf(1));
+  pair.t[0]->wait(s, soon());
+  pair.t[1]->wait(r, soon());
+  EXPECT_EQ(got, data);
+  const auto rails = railsTo(*pair.t[0], 1);
+  EXPECT_EQ(rails[0].bytes_sent, bytes / 2);
+  EXPECT_EQ(rails[1].bytes_sent, bytes / 2);
+  EXPECT_DOUBLE_EQ(rails[0].gbps, 1.0);  // equal weights are never re-estimated
+}
+
+TEST(MultiRail, TagMismatchIsStillCaughtOnEveryRank) {
+  Pair pair;
+  connectPair(pair, 2);
+  std::vector<uint8_t> data(1 << 20, 1);
+  std::vector<uint8_t> got(1 << 20);
+  auto r = pair.t[1]->irecv(0, got.data(), got.size(), tagOf(2));
+  auto s = pair.t[0]->isend(1, data.data(), data.size(), tagOf(3));
+  EXPECT_THROW(pair.t[1]->wait(r, soon()), railshard::MismatchError);
+  EXPECT_THROW(pair.t[0]->wait(s, soon()), railshard::MismatchError);
+}
+
+// A rail breaks while megabytes are in flight on it: its undelivered bytes are re-sent on
+// the other, every message arrives intact, and the rail is reconnected and used again.
+TEST(MultiRail, BrokenRailIsFailedOverWithoutLossAndReadmitted) {
+  Pair pair;
+  connectPair(pair, 2);
+  constexpr int kMessages = 24;
+  constexpr size_t kBytes = 4 << 20;
+  std::vector<std::vector<uint8_t>> sent;
+  std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes));
+  for (int i = 0; i < kMessages; ++i) sent.push_back(pattern(kBytes, static_cast<uint32_t>(i)));
+  std::vector<RequestPtr> recvs;
+  std::vector<RequestPtr> sends;
+  for (int i = 0; i < kMessages; ++i) {
+    recvs.push_back(pair.t[1]->irecv(0, got[static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    sends.push_back(pair.t[0]->isend(1, sent[static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
+    if (i == 3) pair.t[0]->breakConnectionForTesting(1, 1);  // mid-stream
+  }
+  for (auto& s : sends) pair.t[0]->wait(s, soon());
+  for (auto& r : recvs) pair.t[1]->wait(r, soon());
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(got[static_cast<size_t>(i)], sent[static_cast<size_t>(i)]) << "message " << i;
+  }
+
+  // Re-admitted within a few rejoin intervals, on both ranks, and carrying traffic again.
+  const Deadline until = soon(10);
+  auto bothUp = [&] { return railsTo(*pair.t[0], 1)[1].up && railsTo(*pair.t[1], 0)[1].up; };
+  while (!bothUp() && railshard::Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(bothUp()) << railsTo(*pair.t[0], 1)[1].down_reason;
+  const uint64_t before = railsTo(*pair.t[0], 1)[1].bytes_sent;
+  auto data = pattern(8 << 20, 99);
+  std::vector<uint8_t> back(data.size());
+  auto r = pair.t[1]->irecv(0, back.data(), back.size(), tagOf(100));
+  auto s = pair.t[0]->isend(1, data.data(), data.size(), tagOf(100));
+  pair.t[0]->wait(s, soon());
+  pair.t[1]->wait(r, soon());
+  EXPECT_EQ(back, data);
+  EXPECT_GT(railsTo(*pair.t[0], 1)[1].bytes_sent, before);
+}
+
+TEST(MultiRail, FailoverWorksInBothDirectionsAtOnce) {
+  Pair pair;
+  connectPair(pair, 2);
+  constexpr int kMessages = 16;
+  constexpr size_t kBytes = 2 << 20;
+  std::vector<std::vector<uint8_t>> sent[2];
+  std::vector<std::vector<uint8_t>> got[2];
+  std::vector<RequestPtr> requests[2];
+  for (int side = 0; side < 2; ++side) {
+    for (int i = 0; i < kMessages; ++i) {
+      sent[side].push_back(pattern(kBytes, static_cast<uint32_t>(side * 1000 + i)));
+      got[side].emplace_back(kBytes);
+    }
+  }
+  for (int side = 0; side < 2; ++side) {
+    for (int i = 0; i < kMessages; ++i) {
+      requests[side].push_back(pair.t[side]->irecv(
+          1 - side, got[side][static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
+    }
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    for (int side = 0; side < 2; ++side) {
+      requests[side].push_back(pair.t[side]->isend(
+          1 - side, sent[side][static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
+    }
+    if (i == 2) pair.t[1]->breakConnectionForTesting(0, 0);
+  }
+  for (int side = 0; side < 2; ++side) {
+    for (auto& r : requests[side]) pair.t[side]->wait(r, soon());
+  }
+  for (int side = 0; side < 2; ++side) {
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_EQ(got[side][static_cast<size_t>(i)], sent[1 - side][static_cast<size_t>(i)])
+          << "rank " << side << " message " << i;
+    }
+  }
+}
+
+TEST(MultiRail, LosingEveryRailIsPeerLostNamingTheRails) {
+  Pair pair;
+  connectPair(pair, 2);
+  std::vector<uint8_t> got(1 << 20);
+  auto r = pair.t[1]->irecv(0, got.data(), got.size(), tagOf(1));
+  pair.t[0]->breakConnectionForTesting(1, 0);
+  pair.t[0]->breakConnectionForTesting(1, 1);
+  try {
+    pair.t[1]->wait(r, soon());
+    FAIL() << "expected PeerLostError";
+  } catch (const railshard::PeerLostError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("lo0"));
+    EXPECT_THAT(e.what(), HasSubstr("lo1"));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,416 @@
+// Rail failure and re-admission (several connections to a peer).
+//
+// Failover protocol. A connection is taken out when it errors, or when it holds undelivered
+// data without progress for rail_timeout while another connection to the same peer still
+// works. The rank that takes it out stops reading it, closes it, and sends the peer, on a
+// working connection, a kRailDown report: how many bytes of the peer's stream on it were
+// consumed (at a frame boundary, or inside a data payload, whose bytes already landed). The
+// peer takes the connection out too, if it had not, and sends its own report. Each rank then
+// re-sends, on the remaining connections, exactly what the other did not consume: pieces it
+// never started whole, and the unconsumed tail of pieces it had written. Nothing is lost or
+// delivered twice, so the receiver's byte count per message stays exact.
+//
+// Re-admission. Once both reports are through, the rank that opened the connection at
+// start-up tries to reconnect it every rejoin_interval from its keeper thread; the other
+// rank accepts only connections whose failover is complete. Both start a fresh stream and
+// the scheduler gives it its previous estimate, which measurement then corrects.
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <sstream>
+
+#include "core/base/error.h"
+#include "core/base/logging.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_transport_internal.h"
+
+namespace railshard::transport::tcp {
+
+namespace {
+
+std::string seconds(Duration d) {
+  std::ostringstream out;
+  out.precision(3);
+  out << std::chrono::duration<double>(d).count() << " s";
+  return out.str();
+}
+
+}  // namespace
+
+std::string TcpTransport::railsSummaryLocked(const Peer& peer) const {
+  std::string text;
+  for (const auto& channel : peer.channels) {
+    text += (text.empty() ? "" : ", ") + channel->name + " " +
+            (channel->up ? "up" : "down: " + channel->down_reason);
+  }
+  return text;
+}
+
+void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why) {
+  std::string summary;
+  bool every_rail_down = false;
+  uint64_t resent = 0;
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (!channel.up) return;
+    channel.up = false;
+    channel.down_reason = why;
+    peer.scheduler->markDown(channel.index, why);
+    if (channel.fd.valid()) {
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+      channel.fd.reset();  // the peer, if it can still hear, sees the close at once
+    }
+    channel.lost = true;
+    channel.write_interest = false;
+    channel.busy = false;
+
+    // How much of the peer's stream on it we consumed. Inside a data payload the bytes read
+    // are in place: count them for the message, and the peer re-sends from there.
+    uint64_t consumed = channel.consumed;
+    if (channel.in_payload && channel.header.kind == static_cast<uint8_t>(FrameKind::kData) &&
+        channel.target_in) {
+      channel.target_in->remaining -= channel.payload_got;
+    } else if (channel.in_payload) {
+      consumed -= channel.payload_got + sizeof(FrameHeader);
+    } else {
+      consumed -= channel.header_got;
+    }
+    channel.in_payload = false;
+    channel.header_got = 0;
+    channel.payload_got = 0;
+    channel.target = nullptr;
+    channel.target_in.reset();
+    channel.report_consumed = consumed;
+    channel.report_sent = false;
+
+    // Our pieces on it: a half-written one waits with the written ones for the peer's report;
+    // those never started go to the other rails now.
+    std::vector<std::shared_ptr<Segment>> unstarted;
+    for (auto& segment : channel.sends) {
+      if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) continue;
+      if (segment->written > 0) {
+        channel.unacked.push_back(segment);
+      } else {
+        unstarted.push_back(segment);
+      }
+    }
+    channel.sends.clear();
+
+    if (peer.scheduler->upCount() == 0) {
+      every_rail_down = true;
+      peer.lost = true;
+      summary = railsSummaryLocked(peer);
+    } else {
+      for (auto& segment : unstarted) {
+        resent += segment->header.payload_bytes;
+        resendPieceLocked(peer, *segment, 0);
+      }
+      sendRailReportsLocked(peer);
+      summary = railsSummaryLocked(peer);
+    }
+  }
+  if (every_rail_down) {
+    fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
+                                             ": lost every connection to " + peerName(peer.rank) +
+                                             " (" + summary + ")"),
+         true);
+    return;
+  }
+  RS_LOG_WARN(
+      "rank {}: rail {} ({} -> {}) to rank {} taken out: {}; {} unsent bytes moved to the other "
+      "rails ({})",
+      options_.rank, channel.name, channel.local.empty() ? "-" : channel.local, channel.remote,
+      peer.rank, why, resent, summary);
+}
+
+void TcpTransport::sendRailReportsLocked(Peer& peer) {
+  // Every report not yet answered goes out again with each new one: if the connection that
+  // carried an earlier report died too, this one carries it.
+  std::vector<rails::Piece> carrier = peer.scheduler->split(1);
+  Channel& via = *peer.channels[static_cast<size_t>(carrier[0].rail)];
+  for (auto& channel : peer.channels) {
+    if (channel->up || (channel->report_sent && channel->report_received)) continue;
+    queueControlLocked(peer, via, FrameKind::kRailDown, static_cast<uint64_t>(channel->index),
+                       channel->report_consumed, channel->generation);
+    channel->report_sent = true;
+  }
+}
+
+void TcpTransport::onRailDownReport(Peer& peer, int index, uint64_t consumed, uint32_t generation) {
+  Channel& channel = *peer.channels[static_cast<size_t>(index)];
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    // A report about an earlier life of a connection that has since been re-made: stale.
+    if (generation != channel.generation) return;
+  }
+  if (channel.up) railDown(peer, channel, "the peer took it out");
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  if (peer.lost || channel.report_received) return;
+  resendLocked(peer, channel, consumed);
+}
+
+void TcpTransport::resendLocked(Peer& peer, Channel& channel, uint64_t consumed) {
+  channel.report_received = true;
+  uint64_t resent = 0;
+  for (auto& segment : channel.unacked) {
+    const uint64_t payload_begin = segment->stream_begin + sizeof(FrameHeader);
+    if (consumed >= segment->streamEnd()) {
+      releaseLocked(*segment);  // delivered before the rail failed
+      continue;
+    }
+    const uint64_t skip = consumed > payload_begin ? consumed - payload_begin : 0;
+    resent += segment->header.payload_bytes - skip;
+    resendPieceLocked(peer, *segment, skip);
+  }
+  channel.unacked.clear();
+  RS_LOG_INFO(
+      "rank {}: rail {} to rank {}: the peer had consumed {} bytes of it; {} bytes "
+      "re-sent on the other rails",
+      options_.rank, channel.name, peer.rank, consumed, resent);
+}
+
+void TcpTransport::resendPieceLocked(Peer& peer, Segment& old, uint64_t skip) {
+  const uint64_t length = old.header.payload_bytes - skip;
+  std::vector<rails::Piece> pieces = peer.scheduler->split(std::max<uint64_t>(length, 1));
+  if (length == 0) pieces[0].length = 0;
+  for (const auto& p : pieces) {
+    auto segment = std::make_shared<Segment>();
+    segment->header = old.header;
+    segment->header.offset = old.header.offset + skip + p.offset;
+    segment->header.payload_bytes = p.length;
+    segment->data = old.data + skip + p.offset;
+    segment->retained = true;
+    if (old.parent) {
+      segment->parent = old.parent;
+      ++old.parent->outstanding;
+    } else {
+      segment->own();  // the original was a copy already; its send has completed
+    }
+    queueSegmentLocked(peer, *peer.channels[static_cast<size_t>(p.rail)], segment);
+  }
+  releaseLocked(old);  // the new pieces count for it now
+}
+
+void TcpTransport::checkStalls() {
+  const Clock::time_point now = Clock::now();
+  for (auto& peer_ptr : peers_) {
+    if (!peer_ptr || !peer_ptr->multi()) continue;
+    Peer& peer = *peer_ptr;
+    std::vector<std::pair<Channel*, std::string>> stalled;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (peer.lost) continue;
+      for (auto& channel : peer.channels) {
+        if (!channel->up || !channel->busy) continue;
+        const Duration quiet = now - channel->last_progress;
+        if (quiet > options_.rail_timeout / 2 && channel->pinged < channel->last_progress) {
+          // Suspicious: ask every other rail for an ack, so that a working one proves the
+          // peer is alive (a rail that merely idles would otherwise prove nothing).
+          channel->pinged = now;
+          for (auto& other : peer.channels) {
+            if (other.get() != channel.get() && other->up) {
+              queueControlLocked(peer, *other, FrameKind::kPing, 0, 0);
+            }
+          }
+        }
+        if (quiet <= options_.rail_timeout) continue;
+        for (auto& other : peer.channels) {
+          if (other.get() != channel.get() && other->up &&
+              other->last_heard > channel->last_progress) {
+            stalled.emplace_back(channel.get(), "no progress for " + seconds(quiet) + " while " +
+                                                    other->name + " delivered");
+            break;
+          }
+        }
+      }
+    }
+    for (auto& [channel, why] : stalled) railDown(peer, *channel, why);
+  }
+}
+
+void TcpTransport::installRejoined() {
+  std::vector<std::unique_ptr<Rejoined>> ready;
+  {
+    std::lock_guard<std::mutex> lock(rejoin_mutex_);
+    ready.swap(rejoined_);
+  }
+  for (auto& r : ready) {
+    Peer& peer = *peers_[static_cast<size_t>(r->peer)];
+    Channel& channel = *peer.channels[static_cast<size_t>(r->channel)];
+    double gbps;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (channel.up || peer.lost) continue;
+      channel.fd = std::move(r->fd);
+      ++channel.generation;
+      channel.up = true;
+      channel.lost = false;
+      channel.sends.clear();
+      channel.unacked.clear();
+      channel.write_interest = false;
+      channel.stream_written = 0;
+      channel.acked = 0;
+      channel.bye_received = false;
+      channel.read_closed = false;
+      channel.busy = false;
+      channel.report_sent = false;
+      channel.report_received = false;
+      channel.down_reason.clear();
+      channel.header_got = 0;
+      channel.in_payload = false;
+      channel.payload_got = 0;
+      channel.target = nullptr;
+      channel.target_in.reset();
+      channel.consumed = 0;
+      channel.ack_sent = 0;
+      channel.ack_wanted = false;
+      channel.last_heard = Clock::now();
+      registerChannel(peer, channel);
+      peer.scheduler->markUp(channel.index);
+      gbps = peer.scheduler->gbps(channel.index);
+    }
+    RS_LOG_WARN("rank {}: rail {} ({} -> {}) to rank {} is back; re-admitted at {:.3f} Gbit/s",
+                options_.rank, channel.name, channel.local.empty() ? "-" : channel.local,
+                channel.remote, peer.rank, gbps);
+  }
+}
+
+void TcpTransport::keeperLoop() {
+  const std::string token = options_.token.substr(0, kMaxToken);
+  std::vector<pollfd> polled;
+  for (const auto& l : listeners_) polled.push_back({l->fd.get(), POLLIN, 0});
+  auto handOver = [&](int peer, int channel, Fd fd) {
+    auto r = std::make_unique<Rejoined>();
+    r->peer = peer;
+    r->channel = channel;
+    r->fd = std::move(fd);
+    {
+      std::lock_guard<std::mutex> lock(rejoin_mutex_);
+      rejoined_.push_back(std::move(r));
+    }
+    wake();
+  };
+  // Both sides must be through the failover of that connection before it is re-made.
+  auto rejoinable = [](const Channel& c) { return !c.up && c.report_sent && c.report_received; };
+  while (!closing_.load() && !stopping_.load()) {
+    for (auto& p : polled) p.revents = 0;
+    const int n = ::poll(polled.data(), polled.size(), 100);
+    if (closing_.load() || failed_.load()) break;
+    // Accepting side: a higher rank reconnecting one of its rails.
+    for (auto& p : polled) {
+      if (n <= 0 || !(p.revents & POLLIN)) continue;
+      const int raw = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (raw < 0) continue;
+      Fd fd(raw);
+      const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
+      try {
+        Hello hello;
+        recvAll(fd.get(), &hello, sizeof(hello), deadline, "rejoin hello");
+        if (hello.token_bytes > kMaxToken) continue;
+        std::string received(hello.token_bytes, '\0');
+        recvAll(fd.get(), received.data(), received.size(), deadline, "rejoin hello");
+        if (!checkHello(hello, received, token, options_.rank, options_.size).empty() ||
+            !(hello.flags & kHelloRejoin)) {
+          continue;
+        }
+        Peer* peer = peers_[hello.rank].get();
+        if (peer == nullptr || hello.channels != peer->channels.size()) continue;
+        {
+          std::lock_guard<std::mutex> lock(peer->mutex);
+          if (!rejoinable(*peer->channels[hello.channel]) || peer->lost) continue;
+        }
+        Hello ack;
+        ack.rank = static_cast<uint32_t>(options_.rank);
+        ack.world_size = static_cast<uint32_t>(options_.size);
+        ack.channel = hello.channel;
+        ack.channels = hello.channels;
+        ack.flags = kHelloRejoin;
+        sendAll(fd.get(), &ack, sizeof(ack), deadline, "rejoin reply");
+        handOver(static_cast<int>(hello.rank), hello.channel, std::move(fd));
+      } catch (const Error& e) {
+        RS_LOG_DEBUG("rank {}: rejoin attempt refused: {}", options_.rank, e.what());
+      }
+    }
+    // Connecting side: our rails to lower ranks that are down.
+    for (auto& peer_ptr : peers_) {
+      if (!peer_ptr || !peer_ptr->multi() || !peer_ptr->connector) continue;
+      Peer& peer = *peer_ptr;
+      for (auto& channel_ptr : peer.channels) {
+        Channel& channel = *channel_ptr;
+        std::string local;
+        std::string target;
+        {
+          std::lock_guard<std::mutex> lock(peer.mutex);
+          const Clock::time_point now = Clock::now();
+          if (peer.lost || !rejoinable(channel) ||
+              now - channel.last_rejoin_attempt < options_.rejoin_interval) {
+            continue;
+          }
+          channel.last_rejoin_attempt = now;
+          local = channel.local;
+          target = channel.listener;
+        }
+        if (closing_.load()) break;
+        const std::string what = "rank " + std::to_string(options_.rank) + " reconnecting " +
+                                 channel.name + " to rank " + std::to_string(peer.rank);
+        try {
+          const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
+          const SockAddr source = resolve(joinHostPort(local, 0), "rail address");
+          Fd fd = connectWithRetry(resolve(target, what), deadline, what,
+                                   local.empty() ? nullptr : &source);
+          Hello hello;
+          hello.rank = static_cast<uint32_t>(options_.rank);
+          hello.world_size = static_cast<uint32_t>(options_.size);
+          hello.token_bytes = static_cast<uint16_t>(token.size());
+          hello.channel = static_cast<uint16_t>(channel.index);
+          hello.channels = static_cast<uint16_t>(peer.channels.size());
+          hello.flags = kHelloRejoin;
+          sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
+          sendAll(fd.get(), token.data(), token.size(), deadline, what);
+          Hello ack;
+          recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
+          if (ack.magic != kHelloMagic || !(ack.flags & kHelloRejoin)) continue;
+          handOver(peer.rank, channel.index, std::move(fd));
+        } catch (const Error& e) {
+          RS_LOG_DEBUG("{}: {}", what, e.what());
+        }
+      }
+    }
+  }
+}
+
+std::vector<RailStatus> TcpTransport::rails() const {
+  std::vector<RailStatus> result;
+  for (const auto& peer : peers_) {
+    if (!peer) continue;
+    std::lock_guard<std::mutex> lock(peer->mutex);
+    for (const auto& channel : peer->channels) {
+      RailStatus status;
+      status.peer = peer->rank;
+      status.name = channel->name;
+      status.local = channel->local;
+      status.remote = channel->remote;
+      status.up = peer->scheduler ? channel->up : !channel->lost;
+      status.gbps = peer->scheduler ? peer->scheduler->gbps(channel->index) : 0;
+      status.fraction =
+          peer->scheduler ? peer->scheduler->fraction(channel->index) : (status.up ? 1.0 : 0.0);
+      status.bytes_sent = channel->payload_sent;
+      status.down_reason = channel->down_reason;
+      result.push_back(status);
+    }
+  }
+  return result;
+}
+
+void TcpTransport::breakConnectionForTesting(int peer_rank, int channel) {
+  Peer& peer = *peers_.at(static_cast<size_t>(peer_rank));
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  Channel& c = *peer.channels.at(static_cast<size_t>(channel));
+  if (c.fd.valid()) ::shutdown(c.fd.get(), SHUT_RDWR);
+}
+
+}  // namespace railshard::transport::tcp

@@ -1,0 +1,263 @@
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "core/base/error.h"
+#include "core/base/logging.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_transport_internal.h"
+
+namespace railshard::transport::tcp {
+
+void TcpTransport::handleReadable(Peer& peer, Channel& channel) {
+  size_t budget = detail::kReadBudget;
+  while (budget > 0 && channel.fd.valid() && !channel.lost) {
+    if (failed_.load()) {
+      reader_quiesced_.store(true);
+      drainAfterFailure(peer, channel);
+      return;
+    }
+    ssize_t n;
+    if (!channel.in_payload) {
+      n = ::recv(channel.fd.get(), reinterpret_cast<uint8_t*>(&channel.header) + channel.header_got,
+                 sizeof(FrameHeader) - channel.header_got, MSG_DONTWAIT);
+    } else {
+      const size_t want =
+          std::min<size_t>(channel.header.payload_bytes - channel.payload_got, budget);
+      n = ::recv(channel.fd.get(), channel.target + channel.payload_got, want, MSG_DONTWAIT);
+    }
+    if (n == 0) {
+      onConnectionLost(peer, channel, "connection closed by the peer (process exited or crashed?)");
+      return;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      onConnectionLost(peer, channel, "connection error: " + errnoText(errno));
+      return;
+    }
+    bytes_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    channel.consumed += static_cast<uint64_t>(n);
+    budget -= std::min(budget, static_cast<size_t>(n));
+    if (!channel.in_payload) {
+      channel.header_got += static_cast<size_t>(n);
+      if (channel.header_got == sizeof(FrameHeader)) onHeader(peer, channel);
+    } else {
+      channel.payload_got += static_cast<size_t>(n);
+      if (channel.payload_got == channel.header.payload_bytes) onPayloadComplete(peer, channel);
+    }
+  }
+  if (peer.multi() && channel.fd.valid() && !channel.lost && !failed_.load()) {
+    channel.last_heard = Clock::now();
+    maybeAck(peer, channel);
+  }
+}
+
+void TcpTransport::maybeAck(Peer& peer, Channel& channel) {
+  // Acknowledge at a frame boundary once the socket has run dry (the sender then releases
+  // what it kept for re-sending and times the rail), and in any case every kAckEveryBytes.
+  const uint64_t unacked = channel.consumed - channel.ack_sent;
+  const bool boundary = !channel.in_payload && channel.header_got == 0;
+  if (unacked < detail::kAckEveryBytes && !(channel.ack_wanted && boundary)) return;
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  queueControlLocked(peer, channel, FrameKind::kAck, 0, channel.consumed);
+  channel.ack_sent = channel.consumed;
+  channel.ack_wanted = false;
+}
+
+void TcpTransport::onHeader(Peer& peer, Channel& channel) {
+  try {
+    validateFrameHeader(channel.header);
+  } catch (const ProtocolError& e) {
+    fail(makeError(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " +
+                                             peerName(peer.rank) +
+                                             " broke the protocol: " + e.what()),
+         true);
+    return;
+  }
+  const FrameHeader& header = channel.header;
+  channel.header_got = 0;
+  channel.payload_got = 0;
+  channel.in_payload = true;
+  switch (static_cast<FrameKind>(header.kind)) {
+    case FrameKind::kBye: {
+      channel.in_payload = false;
+      bool pending;
+      {
+        std::lock_guard<std::mutex> lock(peer.mutex);
+        channel.bye_received = true;
+        if (!peer.bye_received) {
+          peer.bye_received = true;
+          peer.bye_messages = header.message;
+        }
+        // Receives the peer will never send to (those it did send may still be arriving on
+        // other rails).
+        pending = false;
+        for (auto it = peer.incoming.lower_bound(peer.bye_messages); it != peer.incoming.end();
+             ++it) {
+          if (it->second->op) pending = true;
+        }
+      }
+      if (pending && !stopping_.load()) {
+        fail(makeError(ErrorKind::kPeerLost,
+                       "rank " + std::to_string(options_.rank) + ": " + peerName(peer.rank) +
+                           " closed its communicator while this rank still waited for data "
+                           "from it"),
+             true);
+      }
+      return;
+    }
+    case FrameKind::kAck:
+      channel.in_payload = false;
+      onAck(peer, channel, header.offset);
+      return;
+    case FrameKind::kPing:
+      channel.in_payload = false;
+      channel.ack_wanted = true;
+      return;
+    case FrameKind::kRailDown:
+      channel.in_payload = false;
+      channel.ack_wanted = true;
+      if (header.message >= peer.channels.size()) {
+        fail(makeError(ErrorKind::kProtocol,
+                       "rank " + std::to_string(options_.rank) + ": " + peerName(peer.rank) +
+                           " reported connection " + std::to_string(header.message) +
+                           " down, but there are " + std::to_string(peer.channels.size())),
+             true);
+        return;
+      }
+      onRailDownReport(peer, static_cast<int>(header.message), header.offset,
+                       static_cast<uint32_t>(header.total_bytes));
+      return;
+    case FrameKind::kAbort:
+      channel.abort_text.assign(header.payload_bytes, '\0');
+      channel.target = reinterpret_cast<uint8_t*>(channel.abort_text.data());
+      break;
+    case FrameKind::kData: {
+      std::optional<std::string> problem;
+      ErrorKind kind = ErrorKind::kMismatch;
+      {
+        std::lock_guard<std::mutex> lock(peer.mutex);
+        auto found = peer.incoming.find(header.message);
+        if (found == peer.incoming.end()) {
+          if (header.message < peer.next_recv) {
+            kind = ErrorKind::kProtocol;
+            problem = "rank " + std::to_string(peer.rank) + " sent more of message " +
+                      std::to_string(header.message) + ", which was already complete";
+          } else if (header.total_bytes > detail::kMaxStagedBytes) {
+            problem = "rank " + std::to_string(peer.rank) + " sent an unsolicited message of " +
+                      std::to_string(header.total_bytes) + " bytes";
+          } else {
+            auto staged = std::make_shared<Incoming>();
+            staged->tag = header.tag;
+            staged->total = header.total_bytes;
+            staged->remaining = header.total_bytes;
+            staged->staged.resize(header.total_bytes);
+            found = peer.incoming.emplace(header.message, std::move(staged)).first;
+          }
+        }
+        if (!problem) {
+          Incoming& entry = *found->second;
+          if (entry.op && !(entry.tag == header.tag)) {
+            problem =
+                options_.formatter.mismatch
+                    ? options_.formatter.mismatch(options_.rank, entry.tag, peer.rank, header.tag)
+                    : "tag mismatch";
+          } else if (entry.op && entry.total != header.total_bytes) {
+            problem = "rank " + std::to_string(options_.rank) + " expected " +
+                      std::to_string(entry.total) + " bytes for " + describe(entry.tag) +
+                      " but rank " + std::to_string(peer.rank) + " sent " +
+                      std::to_string(header.total_bytes) +
+                      " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
+          } else if (!(entry.tag == header.tag) || entry.total != header.total_bytes) {
+            kind = ErrorKind::kProtocol;
+            problem = "rank " + std::to_string(peer.rank) + " sent pieces of message " +
+                      std::to_string(header.message) + " that disagree on its tag or size";
+          } else {
+            channel.target_in = found->second;
+            channel.target = entry.base() + header.offset;
+          }
+        }
+      }
+      if (problem) {
+        // The payload has nowhere safe to go; after fail() the reader drops it.
+        fail(makeError(kind, *problem), true);
+        return;
+      }
+      break;
+    }
+  }
+  if (header.payload_bytes == 0) onPayloadComplete(peer, channel);
+}
+
+void TcpTransport::onPayloadComplete(Peer& peer, Channel& channel) {
+  channel.in_payload = false;
+  channel.header_got = 0;
+  const FrameHeader& header = channel.header;
+  if (static_cast<FrameKind>(header.kind) == FrameKind::kAbort) {
+    // Forward it (tell_peers): a rank that fails only closes its connections after its own
+    // abort frames, so every peer reads an abort before it sees that rank's connection end.
+    const bool tagged = channel.abort_text.find("[reported by rank") != std::string::npos;
+    fail(makeError(
+             static_cast<ErrorKind>(header.error_kind),
+             tagged ? channel.abort_text
+                    : channel.abort_text + " [reported by rank " + std::to_string(peer.rank) + "]"),
+         true);
+    return;
+  }
+  channel.ack_wanted = true;
+  std::shared_ptr<RecvOp> done;
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    Incoming& entry = *channel.target_in;
+    entry.remaining -= header.payload_bytes;
+    if (entry.remaining == 0) {
+      if (entry.op) {
+        done = entry.op;
+        peer.incoming.erase(header.message);
+      } else {
+        entry.complete = true;
+        if (entry.claimer) {
+          if (entry.total > 0) {
+            std::memcpy(entry.claimer->data, entry.staged.data(), entry.total);
+          }
+          done = entry.claimer;
+          peer.incoming.erase(header.message);
+        }
+      }
+    }
+  }
+  if (done) completeRequest(*done);
+  channel.target_in.reset();
+  channel.target = nullptr;
+}
+
+void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  if (consumed <= channel.acked || consumed > channel.stream_written) return;
+  const uint64_t delta = consumed - channel.acked;
+  channel.acked = consumed;
+  const Clock::time_point now = Clock::now();
+  channel.last_progress = now;
+  while (!channel.unacked.empty() && channel.unacked.front()->streamEnd() <= consumed) {
+    releaseLocked(*channel.unacked.front());
+    channel.unacked.pop_front();
+  }
+  const bool idle = channel.sends.empty() && channel.unacked.empty();
+  if (peer.scheduler && options_.rail_weights == "adaptive" && channel.busy) {
+    // Bytes delivered over time the connection had data to deliver: the rail's rate when
+    // loaded, whatever share of the traffic it carries.
+    channel.sample_bytes += delta;
+    if (channel.sample_bytes >= detail::kMinSampleBytes) {
+      const double seconds = std::chrono::duration<double>(now - channel.sample_start).count();
+      peer.scheduler->record(channel.index, channel.sample_bytes, seconds);
+      channel.sample_bytes = 0;
+      channel.sample_start = now;
+    }
+  }
+  if (idle) channel.busy = false;
+}
+
+}  // namespace railshard::transport::tcp
