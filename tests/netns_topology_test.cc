@@ -11,53 +11,19 @@
 #include <sstream>
 
 #include "core/topology/topology.h"
+#include "netns_testbed.h"
 #include "test_util.h"
 
 namespace {
 
+using railshard::test::NetnsTestbed;
 using railshard::test::ProcessResult;
 using railshard::test::runProcess;
 using railshard::topology::Topology;
 using ::testing::HasSubstr;
 
-const std::string kTestbed = std::string(RAILSHARD_SOURCE_DIR) + "/benchmarks/testbed/testbed.sh";
 const std::string kTopo = RAILSHARD_TOPO_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
-
-class NetnsTestbed : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-    name_ = "rst" + std::to_string(::getpid() % 100000);  // <= 8 characters
-    runProcess({kTestbed, "down", name_});
-    const ProcessResult up = runProcess({kTestbed, "up", name_, "2", "400mbit", "100mbit"});
-    if (up.exit_code != 0) {
-      GTEST_SKIP() << "cannot build the namespace test bed (no netns/veth/tc support?): " << up.err;
-    }
-    ready_ = true;
-  }
-  void TearDown() override {
-    if (ready_) runProcess({kTestbed, "down", name_});
-  }
-
-  // Rank r of 2 in host r of the test bed (host name "<name>-h<r>").
-  std::future<ProcessResult> startRank(int rank, const std::vector<std::string>& command,
-                                       std::map<std::string, std::string> env) {
-    std::vector<std::string> argv = {kTestbed, "run", name_, std::to_string(rank)};
-    argv.insert(argv.end(), command.begin(), command.end());
-    env["RAILSHARD_RANK"] = std::to_string(rank);
-    env["RAILSHARD_WORLD_SIZE"] = "2";
-    // The store listens on rail 0 in namespace a; nothing else uses this port there.
-    env["RAILSHARD_STORE_ADDR"] = "10.200.0.1:29500";
-    env["RAILSHARD_TOKEN"] = "netns-test-token";
-    env["RAILSHARD_CONNECT_TIMEOUT"] = "30";
-    return std::async(std::launch::async,
-                      [argv, env] { return runProcess(argv, env, std::chrono::seconds(90)); });
-  }
-
-  std::string name_;
-  bool ready_ = false;
-};
 
 TEST_F(NetnsTestbed, DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping) {
   const std::string dump = ::testing::TempDir() + "/netns_topology.json";

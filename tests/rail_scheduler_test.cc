@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <random>
 
 #include "core/base/error.h"
@@ -96,6 +98,40 @@ TEST(RailScheduler, WeightsConvergeOnMeasuredRatesAndFollowAChange) {
   double slowest = 0;
   for (const Piece& p : pieces) slowest = std::max(slowest, p.length * 8 / 2e9);
   EXPECT_LT(slowest, 1.1 * (64 << 20) * 8 / 4e9);
+}
+
+// What the TCP transport feeds it: frequent samples (an ack every ~256 KiB) while every rail
+// is loaded. Returns the seconds of traffic until both estimates are within 10% of the truth.
+double secondsToConverge(RailScheduler& s, const std::vector<double>& rates) {
+  double elapsed = 0;
+  auto close = [&] {
+    for (size_t i = 0; i < rates.size(); ++i) {
+      if (std::abs(s.gbps(static_cast<int>(i)) / rates[i] - 1) > 0.1) return false;
+    }
+    return true;
+  };
+  constexpr double kTick = 0.002;  // every rail acknowledges what it moved in 2 ms
+  while (!close() && elapsed < 10) {
+    for (size_t i = 0; i < rates.size(); ++i) {
+      s.record(static_cast<int>(i), static_cast<size_t>(rates[i] * 1e9 / 8 * kTick), kTick);
+    }
+    elapsed += kTick;
+  }
+  return elapsed;
+}
+
+TEST(RailScheduler, ARailThatChangesByMoreThanTheJumpRatioIsFollowedWithinAFewTenthsOfASecond) {
+  RailScheduler s({"rail0", "rail1"}, {10, 10});  // nominal 10 + 10, really 2 + 0.5
+  EXPECT_LT(secondsToConverge(s, {2.0, 0.5}), 0.3);
+  EXPECT_LT(secondsToConverge(s, {0.5, 2.0}), 0.3);  // swapped by tc
+  // A change under the jump ratio is followed by the EWMA: slower, but well within 2 s.
+  const double drift = secondsToConverge(s, {0.4, 2.0});
+  EXPECT_GT(drift, 0.05);
+  EXPECT_LT(drift, 2.0);
+  // One outlier sample (a latency-bound ack) does not move the estimate much.
+  const double before = s.gbps(0);
+  s.record(0, 4 << 10, 0.01);
+  EXPECT_NEAR(s.gbps(0), before, 0.05 * before);
 }
 
 TEST(RailScheduler, DownRailsGetNothingAndAllDownIsPeerLost) {

@@ -1,7 +1,10 @@
 // A rank program for process-level tests: init() from whatever launched it, run a few
 // verified collectives, optionally die on purpose, report on stdout/stderr.
 //
-//   collective_check [--iterations N] [--die-rank R --die-after K] [--count C]
+//   collective_check [--iterations N] [--die-rank R --die-after K] [--count C] [--rails 1]
+//
+// --rails 1: print the transport's rails to the next rank at the end, one line each:
+//   "rail NAME up=U gbps=G fraction=F bytes=B"
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,12 +16,14 @@
 #include "core/base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/init.h"
+#include "transport/transport.h"
 
 int main(int argc, char** argv) {
   int iterations = 20;
   int die_rank = -1;
   int die_after = 0;
   size_t count = 100000;
+  bool print_rails = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     const int value = std::atoi(argv[i + 1]);
@@ -26,6 +31,7 @@ int main(int argc, char** argv) {
     if (key == "--die-rank") die_rank = value;
     if (key == "--die-after") die_after = value;
     if (key == "--count") count = static_cast<size_t>(value);
+    if (key == "--rails") print_rails = value != 0;
   }
   try {
     auto comm = railshard::init();
@@ -47,6 +53,14 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "rank %d: wrong result at iteration %d element %zu\n", rank, it, i);
           return 2;
         }
+      }
+    }
+    if (print_rails) {
+      for (const auto& rail : comm->transport().rails()) {
+        if (rail.peer != (rank + 1) % size) continue;
+        std::printf("rail %s up=%d gbps=%.4f fraction=%.4f bytes=%llu\n", rail.name.c_str(),
+                    rail.up ? 1 : 0, rail.gbps, rail.fraction,
+                    static_cast<unsigned long long>(rail.bytes_sent));
       }
     }
     const auto* topology = comm->topology();

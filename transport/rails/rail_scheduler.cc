@@ -20,6 +20,9 @@ RailScheduler::RailScheduler(std::vector<std::string> names, std::vector<double>
   if (!(options_.min_fraction >= 0) || options_.min_fraction * names.size() > 1) {
     throw InvalidArgument("RailScheduler: min_fraction must be in [0, 1/rails]");
   }
+  if (!(options_.jump_ratio > 1) || !(options_.jump_seconds > 0)) {
+    throw InvalidArgument("RailScheduler: jump_ratio must be > 1 and jump_seconds > 0");
+  }
   if (!(options_.half_life_seconds > 0)) {
     throw InvalidArgument("RailScheduler: half_life_seconds must be > 0");
   }
@@ -36,7 +39,10 @@ RailScheduler::RailScheduler(std::vector<std::string> names, std::vector<double>
   }
   const double fill = count > 0 ? known / count : 1;
   for (size_t i = 0; i < names.size(); ++i) {
-    rails_.push_back({names[i], initial_gbps[i] > 0 ? initial_gbps[i] : fill, true, ""});
+    Rail rail;
+    rail.name = names[i];
+    rail.gbps = initial_gbps[i] > 0 ? initial_gbps[i] : fill;
+    rails_.push_back(rail);
   }
 }
 
@@ -151,6 +157,24 @@ void RailScheduler::record(int rail, size_t bytes, double seconds) {
   if (!(seconds > 0) || bytes == 0 || !std::isfinite(seconds)) return;
   Rail& r = rails_[static_cast<size_t>(rail)];
   const double sample = static_cast<double>(bytes) * 8 / seconds / 1e9;
+  const int direction =
+      sample > r.gbps * options_.jump_ratio ? 1 : (sample * options_.jump_ratio < r.gbps ? -1 : 0);
+  if (direction == 0 || direction != r.streak) {
+    r.streak = direction;
+    r.streak_bytes = 0;
+    r.streak_seconds = 0;
+  }
+  if (direction != 0) {
+    r.streak_bytes += static_cast<double>(bytes);
+    r.streak_seconds += seconds;
+    if (r.streak_seconds >= options_.jump_seconds) {
+      r.gbps = r.streak_bytes * 8 / r.streak_seconds / 1e9;
+      r.streak = 0;
+      r.streak_bytes = 0;
+      r.streak_seconds = 0;
+      return;
+    }
+  }
   // Time-weighted EWMA: a transfer that took `seconds` moves the estimate as much as that
   // much time of traffic should, whatever the piece sizes.
   const double keep = std::pow(0.5, seconds / options_.half_life_seconds);

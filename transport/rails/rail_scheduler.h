@@ -26,6 +26,11 @@ struct SchedulerOptions {
   double min_fraction = 0.05;
   // Weight of the past halves every this many seconds of a rail's transfer time.
   double half_life_seconds = 0.25;
+  // A rail whose samples all differ from its estimate by more than this factor, in the same
+  // direction, for jump_seconds of transfer time has changed (reshaped, congested, freed):
+  // its estimate jumps to what those samples measured instead of drifting there.
+  double jump_ratio = 1.5;
+  double jump_seconds = 0.1;
 };
 
 // Splits messages across rails in proportion to each rail's estimated bandwidth and keeps the
@@ -62,6 +67,9 @@ class RailScheduler {
     double gbps = 1;
     bool up = true;
     std::string down_reason;
+    int streak = 0;  // +1: samples above the estimate by jump_ratio, -1 below, 0 none
+    double streak_bytes = 0;
+    double streak_seconds = 0;
   };
   const Rail& at(int rail) const;
   std::vector<double> fractions() const;

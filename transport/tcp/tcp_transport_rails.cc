@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <sstream>
 
 #include "core/base/error.h"
@@ -44,7 +45,11 @@ std::string seconds(Duration d) {
 std::string TcpTransport::railsSummaryLocked(const Peer& peer) const {
   std::string text;
   for (const auto& channel : peer.channels) {
-    text += (text.empty() ? "" : ", ") + channel->name + " " +
+    char rate[32] = "";
+    if (peer.scheduler) {
+      std::snprintf(rate, sizeof(rate), " %.3f Gbit/s", peer.scheduler->gbps(channel->index));
+    }
+    text += (text.empty() ? "" : ", ") + channel->name + rate + " " +
             (channel->up ? "up" : "down: " + channel->down_reason);
   }
   return text;
