@@ -28,6 +28,11 @@ TEST(Tuner, TcpPicksRecursiveDoublingForSmallAndRingForLarge) {
   EXPECT_EQ(chooseAllreduce(input(8, 8, false), "auto").algorithm, Algorithm::kRecursiveDoubling);
   EXPECT_EQ(chooseAllreduce(input(8, 5, false), "auto").algorithm, Algorithm::kRecursiveDoubling);
   EXPECT_EQ(chooseAllreduce(input(64 << 20, 8, false), "auto").algorithm, Algorithm::kRing);
+  // Two ranks: one round of recursive doubling against two ring steps, but the ring hides the
+  // reduction behind the transfer; measured on the two-rail test bed at 64 MiB, ring 293 ms
+  // against recursive doubling 326-373 ms (docs/multirail.md).
+  EXPECT_EQ(chooseAllreduce(input(8, 2, false), "auto").algorithm, Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(chooseAllreduce(input(64 << 20, 2, false), "auto").algorithm, Algorithm::kRing);
   // Crossover is monotone: once ring wins it keeps winning as messages grow.
   bool ring = false;
   for (size_t bytes = 8; bytes <= (size_t{1} << 28); bytes *= 2) {

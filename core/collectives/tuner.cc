@@ -45,6 +45,8 @@ LinkModel shmModel() {
 LinkModel tcpModel() {
   return {30.0, 1.5};
 }
+// A CPU reduction of two operands into a third, memory-bound on that machine (GB/s of vector).
+constexpr double kReduceGBps = 2.0;
 
 double estimateMicros(Algorithm algorithm, const TunerInput& input) {
   const double n = input.world_size;
@@ -71,10 +73,15 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       return 2 * (n - 1) * (m.alpha_us + transfer(bytes / n, m));
     }
     case Algorithm::kRecursiveDoubling: {
+      // Each round moves the whole vector as one message and reduces it only once it has
+      // all arrived, so the reduction is not hidden behind the transfer as in the ring's
+      // chunked pipeline. Without this term two ranks would always pick it (one round
+      // against the ring's two steps) and lose ~20% on large messages over real links.
       const LinkModel m = tcpModel();
       const double rounds = std::floor(std::log2(n));
       const bool power_of_two = std::exp2(rounds) == n;
-      return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m));
+      return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m)) +
+             rounds * bytes / (kReduceGBps * 1e3);
     }
   }
   return std::numeric_limits<double>::infinity();

@@ -3,11 +3,13 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -57,6 +59,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, Options options
 
 void TcpTransport::registerChannel(Peer& peer, Channel& channel) {
   setNonBlocking(channel.fd.get(), true);
+  channel.sndbuf = 0;
+  if (peer.multi()) sizeSendBufferLocked(peer, channel);
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.u64 = detail::channelToken(peer.rank, channel.index);
@@ -179,12 +183,14 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
       };
       if (!peer.multi()) {
         op->outstanding = 1;
+        op->unwritten = 1;
         queueSegmentLocked(peer, *peer.channels[0], piece(0, bytes));
       } else {
         // A zero-byte message still needs its frame; it goes where one byte would.
         std::vector<rails::Piece> pieces = peer.scheduler->split(std::max<size_t>(bytes, 1));
         if (bytes == 0) pieces[0].length = 0;
         op->outstanding = static_cast<int>(pieces.size());
+        op->unwritten = op->outstanding;
         for (const auto& p : pieces) {
           queueSegmentLocked(peer, *peer.channels[static_cast<size_t>(p.rail)],
                              piece(p.offset, p.length));
@@ -261,6 +267,15 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   // `pause`, then yielding (the progress thread that completes the request may need this
   // core), then sleep.
   if (request->done()) return;
+  if (multi_rail_ && request->kind() == Request::Kind::kSend) {
+    Peer& peer = *peers_[static_cast<size_t>(request->peer())];
+    if (peer.multi()) {
+      auto& op = static_cast<SendOp&>(*request);
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      op.waited = true;
+      if (op.unwritten == 0 && !op.done()) releaseByCopyLocked(peer, op);
+    }
+  }
   const Clock::time_point spin_start = Clock::now();
   for (uint32_t i = 1;; ++i) {
     if (request->done()) return;
@@ -305,6 +320,22 @@ void TcpTransport::setWriteInterest(Channel& channel, bool on) {
   event.events = EPOLLIN | (on ? EPOLLOUT : 0u);
   event.data.u64 = detail::channelToken(channel.peer, channel.index);
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, channel.fd.get(), &event);
+}
+
+void TcpTransport::sizeSendBufferLocked(Peer& peer, Channel& channel) {
+  // Over several rails, bytes in a socket's kernel buffer are committed to that rail: with
+  // Linux's autotuned buffers (up to 4 MB) a slow rail holds tens of milliseconds of data, so
+  // the rails of a striped message finish far apart and acks queue behind that backlog. A
+  // buffer of about kRailBufferSeconds of the rail's rate keeps it busy and the finish
+  // times together (measured on the test bed: docs/multirail.md).
+  const double bytes_per_second = peer.scheduler->gbps(channel.index) * 1e9 / 8;
+  const int wanted =
+      static_cast<int>(std::clamp(bytes_per_second * detail::kRailBufferSeconds,
+                                  double(detail::kMinRailBuffer), double(detail::kMaxRailBuffer)));
+  if (channel.sndbuf > 0 && std::abs(wanted - channel.sndbuf) * 4 < channel.sndbuf) return;
+  if (::setsockopt(channel.fd.get(), SOL_SOCKET, SO_SNDBUF, &wanted, sizeof(wanted)) == 0) {
+    channel.sndbuf = wanted;
+  }
 }
 
 void TcpTransport::queueSegmentLocked(Peer& peer, Channel& channel,
@@ -391,22 +422,33 @@ void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
 void TcpTransport::onSegmentWrittenLocked(Peer& peer, Channel& channel,
                                           std::shared_ptr<Segment> segment) {
   if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) return;
-  if (!segment->retained) {
-    releaseLocked(*segment);
-    return;
-  }
-  if (channel.acked >= segment->streamEnd()) {
+  std::shared_ptr<SendOp> parent = segment->parent;
+  if (parent) --parent->unwritten;
+  if (!segment->retained || channel.acked >= segment->streamEnd()) {
     releaseLocked(*segment);
     return;
   }
   // Kept until the peer acknowledges it, so that it can be re-sent if this rail fails. A
   // small piece is copied so that its send completes now rather than an ack later.
-  if (segment->parent && segment->header.payload_bytes <= detail::kCopyPieceBytes) {
+  if (parent && segment->header.payload_bytes <= detail::kCopyPieceBytes) {
     segment->own();
     releaseLocked(*segment);
   }
   channel.unacked.push_back(std::move(segment));
-  (void)peer;
+  if (parent && parent->waited && parent->unwritten == 0) releaseByCopyLocked(peer, *parent);
+}
+
+void TcpTransport::releaseByCopyLocked(Peer& peer, const SendOp& op) {
+  // The caller blocks on a send that is all on the wire: rather than wait for the peer's ack
+  // (which queues behind the peer's own data in its socket), keep a copy of what is not
+  // acknowledged yet and complete now. Bounded by what the sockets hold, not by the message.
+  for (auto& channel : peer.channels) {
+    for (auto& segment : channel->unacked) {
+      if (segment->parent.get() != &op) continue;
+      segment->own();
+      releaseLocked(*segment);
+    }
+  }
 }
 
 void TcpTransport::releaseLocked(Segment& segment) {

@@ -100,6 +100,7 @@ class TcpTransport : public Transport {
   void addChannel(int peer_rank, int index, int count, int rail_index, Fd fd,
                   const std::string& remote);
   void registerChannel(Peer& peer, Channel& channel);
+  void sizeSendBufferLocked(Peer& peer, Channel& channel);
   // tcp_transport.cc: progress and writing
   void progressLoop();
   void handleWritable(Peer& peer, Channel& channel);
@@ -111,6 +112,7 @@ class TcpTransport : public Transport {
                           uint64_t offset, uint64_t extra = 0);
   void onSegmentWrittenLocked(Peer& peer, Channel& channel, std::shared_ptr<Segment> segment);
   void releaseLocked(Segment& segment);
+  void releaseByCopyLocked(Peer& peer, const SendOp& op);
   void completeRequest(Request& request);
   // tcp_transport_read.cc
   void handleReadable(Peer& peer, Channel& channel);

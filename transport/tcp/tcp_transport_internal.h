@@ -39,6 +39,12 @@ constexpr uint64_t kAckEveryBytes = uint64_t{256} << 10;
 // Rate samples shorter than this are latency, not bandwidth; they are not recorded.
 constexpr uint64_t kMinSampleBytes = uint64_t{128} << 10;
 
+// Multi-rail: a connection's kernel send buffer holds about this much of its rail's rate,
+// within these bounds (the kernel doubles the value for its bookkeeping).
+constexpr double kRailBufferSeconds = 0.001;
+constexpr int kMinRailBuffer = 128 << 10;
+constexpr int kMaxRailBuffer = 8 << 20;
+
 inline uint64_t channelToken(int peer, int channel) {
   return (static_cast<uint64_t>(peer) << 16) | static_cast<uint64_t>(channel);
 }
@@ -49,7 +55,10 @@ inline uint64_t channelToken(int peer, int channel) {
 // single connection; with several, acknowledged by the peer or copied).
 struct TcpTransport::SendOp : Request {
   SendOp(int peer, size_t bytes, const MessageTag& tag) : Request(Kind::kSend, peer, bytes, tag) {}
-  int outstanding = 0;  // pieces not yet released; guarded by the peer's mutex
+  // Guarded by the peer's mutex.
+  int outstanding = 0;  // pieces not yet released
+  int unwritten = 0;    // pieces not yet fully written to a socket
+  bool waited = false;  // someone waits for it: once all is written, copy what is unacked
 };
 
 struct TcpTransport::RecvOp : Request {
@@ -105,6 +114,7 @@ struct TcpTransport::Channel {
   std::deque<std::shared_ptr<Segment>> sends;    // front may be partly written
   std::deque<std::shared_ptr<Segment>> unacked;  // written, awaiting the peer's ack
   bool write_interest = false;
+  int sndbuf = 0;  // SO_SNDBUF we set (multi-rail), 0 = kernel autotuning
   uint64_t stream_written = 0;
   uint64_t acked = 0;  // peer consumed our stream up to here
   uint64_t payload_sent = 0;

@@ -192,10 +192,14 @@ void TcpTransport::resendPieceLocked(Peer& peer, Segment& old, uint64_t skip) {
     if (old.parent) {
       segment->parent = old.parent;
       ++old.parent->outstanding;
+      ++old.parent->unwritten;
     } else {
       segment->own();  // the original was a copy already; its send has completed
     }
     queueSegmentLocked(peer, *peer.channels[static_cast<size_t>(p.rail)], segment);
+  }
+  if (old.parent && old.written < sizeof(FrameHeader) + old.header.payload_bytes) {
+    --old.parent->unwritten;  // it never will be, the new pieces stand in
   }
   releaseLocked(old);  // the new pieces count for it now
 }

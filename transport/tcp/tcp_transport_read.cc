@@ -255,6 +255,7 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
       peer.scheduler->record(channel.index, channel.sample_bytes, seconds);
       channel.sample_bytes = 0;
       channel.sample_start = now;
+      sizeSendBufferLocked(peer, channel);
     }
   }
   if (idle) channel.busy = false;
