@@ -48,7 +48,7 @@ static_assert(sizeof(FrameHeader) == 72, "FrameHeader is part of the wire format
 // with the reason otherwise.
 void validateFrameHeader(const FrameHeader& header);
 
-inline constexpr uint32_t kHelloRejoin = 1;  // Hello::flags: replaces a connection taken out
+inline constexpr uint16_t kHelloRejoin = 1;  // Hello::flags: replaces a connection taken out
 
 // First bytes on every data connection: who is connecting, which of the connections between
 // the two ranks this is (the connecting rank's numbering, rail-major), and the job token.
@@ -60,7 +60,8 @@ struct Hello {
   uint32_t world_size = 0;
   uint16_t channel = 0;
   uint16_t channels = 1;
-  uint32_t flags = 0;
+  uint16_t flags = 0;
+  uint16_t generation = 0;  // rejoin: the incarnation of the connection this one starts
 };
 static_assert(sizeof(Hello) == 24, "Hello is part of the wire format");
 

@@ -338,17 +338,19 @@ void TcpTransport::sizeSendBufferLocked(Peer& peer, Channel& channel) {
   }
 }
 
+void TcpTransport::markBusyLocked(Channel& channel) {
+  if (channel.busy) return;
+  channel.busy = true;
+  channel.sample_open = false;
+  channel.last_progress = Clock::now();
+}
+
 void TcpTransport::queueSegmentLocked(Peer& peer, Channel& channel,
                                       std::shared_ptr<Segment> segment) {
   const bool was_empty = channel.sends.empty();
   if (segment->header.kind == static_cast<uint8_t>(FrameKind::kData)) {
     channel.payload_sent += segment->header.payload_bytes;
-    if (!channel.busy) {
-      channel.busy = true;
-      channel.sample_start = Clock::now();
-      channel.sample_bytes = 0;
-      channel.last_progress = channel.sample_start;
-    }
+    markBusyLocked(channel);
   }
   channel.sends.push_back(std::move(segment));
   // Nothing queued ahead: write from this thread now, which saves the progress thread's
@@ -376,6 +378,14 @@ void TcpTransport::queueControlLocked(Peer& peer, Channel& channel, FrameKind ki
 }
 
 void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
+  // Written out, then (several rails) take over part of a slower rail's backlog, and again.
+  do {
+    if (!writeQueuedLocked(peer, channel)) return;
+  } while (peer.multi() && channel.up && options_.rail_weights == "adaptive" && !failed_.load() &&
+           stealForLocked(peer, channel));
+}
+
+bool TcpTransport::writeQueuedLocked(Peer& peer, Channel& channel) {
   while (!channel.sends.empty() && !channel.lost && channel.fd.valid()) {
     Segment& segment = *channel.sends.front();
     const size_t total = sizeof(FrameHeader) + segment.header.payload_bytes;
@@ -399,7 +409,7 @@ void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
     const ssize_t n = ::sendmsg(channel.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
       // The progress thread reports the broken connection with context (or, with other rails
       // left, takes this one out); mark it so no one waits for this frame.
       channel.lost = true;
@@ -407,16 +417,17 @@ void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
       RS_LOG_DEBUG("rank {}: send to rank {} on {} failed: {}", options_.rank, peer.rank,
                    channel.name, errnoText(errno));
       wake();
-      return;
+      return false;
     }
     bytes_sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     channel.stream_written += static_cast<uint64_t>(n);
     segment.written += static_cast<size_t>(n);
-    if (segment.written < total) return;  // socket buffer full
+    if (segment.written < total) return false;  // socket buffer full
     auto done = std::move(channel.sends.front());
     channel.sends.pop_front();
     onSegmentWrittenLocked(peer, channel, std::move(done));
   }
+  return channel.sends.empty() && !channel.lost && channel.fd.valid();
 }
 
 void TcpTransport::onSegmentWrittenLocked(Peer& peer, Channel& channel,

@@ -106,6 +106,9 @@ class TcpTransport : public Transport {
   void handleWritable(Peer& peer, Channel& channel);
   // Writes queued frames until the socket would block; caller holds peer.mutex.
   void flushSendsLocked(Peer& peer, Channel& channel);
+  // Writes until the socket would block (false) or the queue is empty (true).
+  bool writeQueuedLocked(Peer& peer, Channel& channel);
+  void markBusyLocked(Channel& channel);
   void setWriteInterest(Channel& channel, bool on);
   void queueSegmentLocked(Peer& peer, Channel& channel, std::shared_ptr<Segment> segment);
   void queueControlLocked(Peer& peer, Channel& channel, FrameKind kind, uint64_t message,
@@ -122,9 +125,10 @@ class TcpTransport : public Transport {
   void maybeAck(Peer& peer, Channel& channel);
   // tcp_transport_rails.cc
   void railDown(Peer& peer, Channel& channel, const std::string& why);
-  void onRailDownReport(Peer& peer, int channel, uint64_t consumed, uint32_t generation);
+  void onRailDownReport(Peer& peer, int channel, uint64_t consumed, uint16_t generation);
   void resendLocked(Peer& peer, Channel& channel, uint64_t consumed);
   void resendPieceLocked(Peer& peer, Segment& segment, uint64_t skip);
+  bool stealForLocked(Peer& peer, Channel& idle);
   void sendRailReportsLocked(Peer& peer);
   void checkStalls();
   void keeperLoop();

@@ -36,6 +36,9 @@ constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 // Multi-rail: the receiver acknowledges at least every this many bytes, and at every frame
 // boundary where its socket runs dry.
 constexpr uint64_t kAckEveryBytes = uint64_t{256} << 10;
+// Multi-rail: a rail that runs dry takes over work from the back of a slower rail's queue,
+// no less than this at a time.
+constexpr uint64_t kMinStealBytes = uint64_t{64} << 10;
 // Rate samples shorter than this are latency, not bandwidth; they are not recorded.
 constexpr uint64_t kMinSampleBytes = uint64_t{128} << 10;
 
@@ -106,7 +109,7 @@ struct TcpTransport::Channel {
   std::string remote;    // peer's address as host:port or IP
   std::string listener;  // the peer's listener for this rail ("ip:port"), to reconnect
   Fd fd;
-  uint32_t generation = 0;  // bumped on both ranks each time the connection is re-made
+  uint16_t generation = 0;  // bumped on both ranks each time the connection is re-made
 
   // Guarded by the peer's mutex.
   bool up = true;                                // gets new pieces
@@ -122,6 +125,7 @@ struct TcpTransport::Channel {
   bool read_closed = false;
   // Rate estimation: the connection is busy while it has unsent or unacknowledged data.
   bool busy = false;
+  bool sample_open = false;  // the busy period's first ack has come: samples are timed
   Clock::time_point sample_start{};
   uint64_t sample_bytes = 0;
   Clock::time_point last_progress{};  // last ack that advanced, or when it became busy
@@ -176,6 +180,7 @@ struct TcpTransport::Listener {
 struct TcpTransport::Rejoined {
   int peer = -1;
   int channel = -1;
+  uint16_t generation = 0;
   Fd fd;
 };
 

@@ -72,6 +72,7 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
     channel.lost = true;
     channel.write_interest = false;
     channel.busy = false;
+    channel.sample_open = false;
 
     // How much of the peer's stream on it we consumed. Inside a data payload the bytes read
     // are in place: count them for the message, and the peer re-sends from there.
@@ -145,10 +146,22 @@ void TcpTransport::sendRailReportsLocked(Peer& peer) {
   }
 }
 
-void TcpTransport::onRailDownReport(Peer& peer, int index, uint64_t consumed, uint32_t generation) {
+void TcpTransport::onRailDownReport(Peer& peer, int index, uint64_t consumed, uint16_t generation) {
   Channel& channel = *peer.channels[static_cast<size_t>(index)];
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
+    if (!channel.up && !peer.lost && generation == static_cast<uint16_t>(channel.generation + 1)) {
+      // The peer accepted our reconnection and lost it again before our side of the
+      // handshake finished: we never used that incarnation. Catch up and answer (we
+      // consumed nothing of it) so that the peer re-sends what it put on it.
+      channel.generation = generation;
+      channel.report_consumed = 0;
+      channel.report_sent = false;
+      channel.report_received = false;
+      sendRailReportsLocked(peer);
+      resendLocked(peer, channel, consumed);
+      return;
+    }
     // A report about an earlier life of a connection that has since been re-made: stale.
     if (generation != channel.generation) return;
   }
@@ -204,6 +217,80 @@ void TcpTransport::resendPieceLocked(Peer& peer, Segment& old, uint64_t skip) {
   releaseLocked(old);  // the new pieces count for it now
 }
 
+bool TcpTransport::stealForLocked(Peer& peer, Channel& idle) {
+  // The split at isend is only as good as the estimates; whatever they miss shows at the end
+  // of a burst as one rail still draining while another idles. A rail that runs dry takes,
+  // from the back of the queue that needs longest to drain, the share that makes both
+  // finish together (by their current rates). Only unstarted pieces move: nothing on the
+  // wire changes rails.
+  Channel* donor = nullptr;
+  double donor_seconds = 0;
+  uint64_t donor_bytes = 0;
+  for (auto& channel : peer.channels) {
+    if (channel.get() == &idle || !channel->up) continue;
+    uint64_t bytes = 0;
+    for (const auto& segment : channel->sends) {
+      if (segment->written == 0 && segment->header.kind == static_cast<uint8_t>(FrameKind::kData)) {
+        bytes += segment->header.payload_bytes;
+      }
+    }
+    const double seconds =
+        static_cast<double>(bytes) / std::max(1e-9, peer.scheduler->gbps(channel->index));
+    if (bytes > 0 && seconds > donor_seconds) {
+      donor = channel.get();
+      donor_seconds = seconds;
+      donor_bytes = bytes;
+    }
+  }
+  if (donor == nullptr) return false;
+  const double mine = peer.scheduler->gbps(idle.index);
+  const double theirs = peer.scheduler->gbps(donor->index);
+  uint64_t want = static_cast<uint64_t>(static_cast<double>(donor_bytes) * mine / (mine + theirs));
+  if (want < detail::kMinStealBytes) return false;
+  std::vector<std::shared_ptr<Segment>> taken;  // from the back, so in reverse order
+  while (want > 0 && !donor->sends.empty()) {
+    Segment& back = *donor->sends.back();
+    if (back.written > 0 || back.header.kind != static_cast<uint8_t>(FrameKind::kData)) break;
+    const uint64_t length = back.header.payload_bytes;
+    if (length <= want) {
+      taken.push_back(donor->sends.back());
+      donor->sends.pop_back();
+      want -= length;
+      continue;
+    }
+    const uint64_t tail = want / 64 * 64;  // whole cache lines, whole elements
+    if (tail == 0) break;
+    auto piece = std::make_shared<Segment>();
+    piece->header = back.header;
+    piece->header.offset = back.header.offset + (length - tail);
+    piece->header.payload_bytes = tail;
+    piece->retained = back.retained;
+    if (!back.owned.empty()) {
+      piece->owned = back.owned.substr(length - tail, tail);
+      piece->data = reinterpret_cast<const uint8_t*>(piece->owned.data());
+    } else {
+      piece->data = back.data + (length - tail);
+    }
+    if (back.parent) {
+      piece->parent = back.parent;
+      ++back.parent->outstanding;
+      ++back.parent->unwritten;
+    }
+    back.header.payload_bytes = length - tail;
+    taken.push_back(std::move(piece));
+    want = 0;
+  }
+  if (taken.empty()) return false;
+  for (auto it = taken.rbegin(); it != taken.rend(); ++it) {
+    donor->payload_sent -= (*it)->header.payload_bytes;
+    idle.payload_sent += (*it)->header.payload_bytes;
+    idle.sends.push_back(std::move(*it));
+  }
+  markBusyLocked(idle);
+  setWriteInterest(idle, true);
+  return true;
+}
+
 void TcpTransport::checkStalls() {
   const Clock::time_point now = Clock::now();
   for (auto& peer_ptr : peers_) {
@@ -255,7 +342,7 @@ void TcpTransport::installRejoined() {
       std::lock_guard<std::mutex> lock(peer.mutex);
       if (channel.up || peer.lost) continue;
       channel.fd = std::move(r->fd);
-      ++channel.generation;
+      channel.generation = r->generation;
       channel.up = true;
       channel.lost = false;
       channel.sends.clear();
@@ -266,6 +353,7 @@ void TcpTransport::installRejoined() {
       channel.bye_received = false;
       channel.read_closed = false;
       channel.busy = false;
+      channel.sample_open = false;
       channel.report_sent = false;
       channel.report_received = false;
       channel.down_reason.clear();
@@ -292,10 +380,11 @@ void TcpTransport::keeperLoop() {
   const std::string token = options_.token.substr(0, kMaxToken);
   std::vector<pollfd> polled;
   for (const auto& l : listeners_) polled.push_back({l->fd.get(), POLLIN, 0});
-  auto handOver = [&](int peer, int channel, Fd fd) {
+  auto handOver = [&](int peer, int channel, uint16_t generation, Fd fd) {
     auto r = std::make_unique<Rejoined>();
     r->peer = peer;
     r->channel = channel;
+    r->generation = generation;
     r->fd = std::move(fd);
     {
       std::lock_guard<std::mutex> lock(rejoin_mutex_);
@@ -330,7 +419,11 @@ void TcpTransport::keeperLoop() {
         if (peer == nullptr || hello.channels != peer->channels.size()) continue;
         {
           std::lock_guard<std::mutex> lock(peer->mutex);
-          if (!rejoinable(*peer->channels[hello.channel]) || peer->lost) continue;
+          const Channel& c = *peer->channels[hello.channel];
+          if (!rejoinable(c) || peer->lost ||
+              hello.generation != static_cast<uint16_t>(c.generation + 1)) {
+            continue;
+          }
         }
         Hello ack;
         ack.rank = static_cast<uint32_t>(options_.rank);
@@ -338,8 +431,9 @@ void TcpTransport::keeperLoop() {
         ack.channel = hello.channel;
         ack.channels = hello.channels;
         ack.flags = kHelloRejoin;
+        ack.generation = hello.generation;
         sendAll(fd.get(), &ack, sizeof(ack), deadline, "rejoin reply");
-        handOver(static_cast<int>(hello.rank), hello.channel, std::move(fd));
+        handOver(static_cast<int>(hello.rank), hello.channel, hello.generation, std::move(fd));
       } catch (const Error& e) {
         RS_LOG_DEBUG("rank {}: rejoin attempt refused: {}", options_.rank, e.what());
       }
@@ -352,6 +446,7 @@ void TcpTransport::keeperLoop() {
         Channel& channel = *channel_ptr;
         std::string local;
         std::string target;
+        uint16_t generation;
         {
           std::lock_guard<std::mutex> lock(peer.mutex);
           const Clock::time_point now = Clock::now();
@@ -362,6 +457,7 @@ void TcpTransport::keeperLoop() {
           channel.last_rejoin_attempt = now;
           local = channel.local;
           target = channel.listener;
+          generation = static_cast<uint16_t>(channel.generation + 1);
         }
         if (closing_.load()) break;
         const std::string what = "rank " + std::to_string(options_.rank) + " reconnecting " +
@@ -378,12 +474,13 @@ void TcpTransport::keeperLoop() {
           hello.channel = static_cast<uint16_t>(channel.index);
           hello.channels = static_cast<uint16_t>(peer.channels.size());
           hello.flags = kHelloRejoin;
+          hello.generation = generation;
           sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
           sendAll(fd.get(), token.data(), token.size(), deadline, what);
           Hello ack;
           recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
           if (ack.magic != kHelloMagic || !(ack.flags & kHelloRejoin)) continue;
-          handOver(peer.rank, channel.index, std::move(fd));
+          handOver(peer.rank, channel.index, generation, std::move(fd));
         } catch (const Error& e) {
           RS_LOG_DEBUG("{}: {}", what, e.what());
         }

@@ -129,7 +129,7 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
         return;
       }
       onRailDownReport(peer, static_cast<int>(header.message), header.offset,
-                       static_cast<uint32_t>(header.total_bytes));
+                       static_cast<uint16_t>(header.total_bytes));
       return;
     case FrameKind::kAbort:
       channel.abort_text.assign(header.payload_bytes, '\0');
@@ -247,9 +247,18 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
   }
   const bool idle = channel.sends.empty() && channel.unacked.empty();
   if (peer.scheduler && options_.rail_weights == "adaptive" && channel.busy) {
-    // Bytes delivered over time the connection had data to deliver: the rail's rate when
-    // loaded, whatever share of the traffic it carries.
-    channel.sample_bytes += delta;
+    // Bytes delivered between acks while the connection had data to deliver: the rail's
+    // rate when loaded, whatever share of the traffic it carries. Timed from the first ack
+    // of a busy period, not from when it began: an ack waits behind the peer's own data on
+    // that rail, and on a slow, lightly used rail that delay would pass for slowness and
+    // shrink its share further.
+    if (!channel.sample_open) {
+      channel.sample_open = true;
+      channel.sample_start = now;
+      channel.sample_bytes = 0;
+    } else {
+      channel.sample_bytes += delta;
+    }
     if (channel.sample_bytes >= detail::kMinSampleBytes) {
       const double seconds = std::chrono::duration<double>(now - channel.sample_start).count();
       peer.scheduler->record(channel.index, channel.sample_bytes, seconds);
@@ -258,7 +267,10 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
       sizeSendBufferLocked(peer, channel);
     }
   }
-  if (idle) channel.busy = false;
+  if (idle) {
+    channel.busy = false;
+    channel.sample_open = false;
+  }
 }
 
 }  // namespace railshard::transport::tcp
