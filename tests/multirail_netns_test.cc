@@ -65,10 +65,12 @@ TEST_F(NetnsTestbed, AllreduceStripesOverBothRailsWeightedByTheirRates) {
     EXPECT_GT(slow.bytes, 10ull << 20) << r->out;
     EXPECT_GT(fast.bytes, 2 * slow.bytes) << r->out;
     EXPECT_GT(fast.fraction, slow.fraction) << r->out;
+    // htb delivers ~95.5% of the shaped rate as TCP payload (FIELD-NOTES).
     const double ratio = fast.gbps / slow.gbps;
-    EXPECT_GT(ratio, 2.5) << r->out;
-    EXPECT_LT(ratio, 6.5) << r->out;
-    EXPECT_NEAR(fast.gbps, 0.4 * 0.955, 0.4 * 0.35) << r->out;
+    EXPECT_GT(ratio, 3.0) << r->out;
+    EXPECT_LT(ratio, 5.3) << r->out;
+    EXPECT_NEAR(fast.gbps, 0.4 * 0.955, 0.4 * 0.25) << r->out;
+    EXPECT_NEAR(slow.gbps, 0.1 * 0.955, 0.1 * 0.25) << r->out;
   }
 }
 

@@ -367,6 +367,11 @@ void TcpTransport::queueControlLocked(Peer& peer, Channel& channel, FrameKind ki
   control->header.message = message;
   control->header.offset = offset;
   control->header.total_bytes = extra;
+  // When it was queued, on this rank's clock: acks carry it so that the peer can time a
+  // rail by the receiving side's clock, free of the ack's own delay on the way back.
+  control->header.tag.sequence = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
   // Ahead of queued data (only after a frame already half on the wire): acks and failover
   // reports must not wait behind megabytes of pieces.
   auto at = channel.sends.begin();

@@ -121,7 +121,7 @@ class TcpTransport : public Transport {
   void handleReadable(Peer& peer, Channel& channel);
   void onHeader(Peer& peer, Channel& channel);
   void onPayloadComplete(Peer& peer, Channel& channel);
-  void onAck(Peer& peer, Channel& channel, uint64_t consumed);
+  void onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64_t peer_clock_ns);
   void maybeAck(Peer& peer, Channel& channel);
   // tcp_transport_rails.cc
   void railDown(Peer& peer, Channel& channel, const std::string& why);

@@ -125,8 +125,8 @@ struct TcpTransport::Channel {
   bool read_closed = false;
   // Rate estimation: the connection is busy while it has unsent or unacknowledged data.
   bool busy = false;
-  bool sample_open = false;  // the busy period's first ack has come: samples are timed
-  Clock::time_point sample_start{};
+  bool sample_open = false;     // the busy period's first ack has come: samples are timed
+  uint64_t sample_peer_ns = 0;  // the peer's clock at the first ack of the sample
   uint64_t sample_bytes = 0;
   Clock::time_point last_progress{};  // last ack that advanced, or when it became busy
   Clock::time_point last_heard{};     // last byte read
@@ -146,9 +146,10 @@ struct TcpTransport::Channel {
   size_t payload_got = 0;
   std::shared_ptr<Incoming> target_in;
   std::string abort_text;
-  uint64_t consumed = 0;    // stream bytes read
-  uint64_t ack_sent = 0;    // `consumed` in our last ack
-  bool ack_wanted = false;  // a frame that asks for acknowledgement completed since then
+  uint64_t consumed = 0;     // stream bytes read
+  uint64_t ack_sent = 0;     // `consumed` in our last ack
+  bool ack_wanted = false;   // a frame that asks for acknowledgement completed since then
+  bool ping_wanted = false;  // a ping came: the ack goes back on this connection
 };
 
 struct TcpTransport::Peer {

@@ -365,6 +365,7 @@ void TcpTransport::installRejoined() {
       channel.consumed = 0;
       channel.ack_sent = 0;
       channel.ack_wanted = false;
+      channel.ping_wanted = false;
       channel.last_heard = Clock::now();
       registerChannel(peer, channel);
       peer.scheduler->markUp(channel.index);

@@ -62,9 +62,18 @@ void TcpTransport::maybeAck(Peer& peer, Channel& channel) {
   const bool boundary = !channel.in_payload && channel.header_got == 0;
   if (unacked < detail::kAckEveryBytes && !(channel.ack_wanted && boundary)) return;
   std::lock_guard<std::mutex> lock(peer.mutex);
-  queueControlLocked(peer, channel, FrameKind::kAck, 0, channel.consumed);
+  // On the fastest rail rather than this one: an ack queues behind our own data on the rail
+  // it takes, and a slow rail's backlog would delay it by milliseconds and make the rail look
+  // slower than it is. A ping is answered on the rail it came on: that is its point.
+  Channel* carrier = &channel;
+  if (!channel.ping_wanted) {
+    carrier = peer.channels[static_cast<size_t>(peer.scheduler->split(1)[0].rail)].get();
+  }
+  queueControlLocked(peer, *carrier, FrameKind::kAck, static_cast<uint64_t>(channel.index),
+                     channel.consumed, channel.generation);
   channel.ack_sent = channel.consumed;
   channel.ack_wanted = false;
+  channel.ping_wanted = false;
 }
 
 void TcpTransport::onHeader(Peer& peer, Channel& channel) {
@@ -109,13 +118,27 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
       }
       return;
     }
-    case FrameKind::kAck:
+    case FrameKind::kAck: {
       channel.in_payload = false;
-      onAck(peer, channel, header.offset);
+      // For the connection `message` (in its current incarnation), whichever carried it.
+      if (header.message >= peer.channels.size()) {
+        fail(makeError(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " +
+                                                 peerName(peer.rank) + " acknowledged connection " +
+                                                 std::to_string(header.message) + " of " +
+                                                 std::to_string(peer.channels.size())),
+             true);
+        return;
+      }
+      Channel& acked = *peer.channels[header.message];
+      if (acked.up && static_cast<uint16_t>(header.total_bytes) == acked.generation) {
+        onAck(peer, acked, header.offset, header.tag.sequence);
+      }
       return;
+    }
     case FrameKind::kPing:
       channel.in_payload = false;
       channel.ack_wanted = true;
+      channel.ping_wanted = true;
       return;
     case FrameKind::kRailDown:
       channel.in_payload = false;
@@ -234,7 +257,7 @@ void TcpTransport::onPayloadComplete(Peer& peer, Channel& channel) {
   channel.target = nullptr;
 }
 
-void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
+void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64_t peer_clock_ns) {
   std::lock_guard<std::mutex> lock(peer.mutex);
   if (consumed <= channel.acked || consumed > channel.stream_written) return;
   const uint64_t delta = consumed - channel.acked;
@@ -248,22 +271,22 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed) {
   const bool idle = channel.sends.empty() && channel.unacked.empty();
   if (peer.scheduler && options_.rail_weights == "adaptive" && channel.busy) {
     // Bytes delivered between acks while the connection had data to deliver: the rail's
-    // rate when loaded, whatever share of the traffic it carries. Timed from the first ack
-    // of a busy period, not from when it began: an ack waits behind the peer's own data on
-    // that rail, and on a slow, lightly used rail that delay would pass for slowness and
-    // shrink its share further.
+    // rate when loaded, whatever share of the traffic it carries. Timed by the receiver's
+    // clock (each ack says when it was sent), from the first ack of a busy period: acks
+    // queue behind other data on their way back, by a delay that varies with the load and
+    // would otherwise pass for a slower or faster rail.
     if (!channel.sample_open) {
       channel.sample_open = true;
-      channel.sample_start = now;
+      channel.sample_peer_ns = peer_clock_ns;
       channel.sample_bytes = 0;
     } else {
       channel.sample_bytes += delta;
     }
-    if (channel.sample_bytes >= detail::kMinSampleBytes) {
-      const double seconds = std::chrono::duration<double>(now - channel.sample_start).count();
+    if (channel.sample_bytes >= detail::kMinSampleBytes && peer_clock_ns > channel.sample_peer_ns) {
+      const double seconds = static_cast<double>(peer_clock_ns - channel.sample_peer_ns) * 1e-9;
       peer.scheduler->record(channel.index, channel.sample_bytes, seconds);
       channel.sample_bytes = 0;
-      channel.sample_start = now;
+      channel.sample_peer_ns = peer_clock_ns;
       sizeSendBufferLocked(peer, channel);
     }
   }
