@@ -134,6 +134,16 @@ TEST(RailScheduler, ARailThatChangesByMoreThanTheJumpRatioIsFollowedWithinAFewTe
   EXPECT_NEAR(s.gbps(0), before, 0.05 * before);
 }
 
+TEST(RailScheduler, FirstMeasurementReplacesTheNominalSpeed) {
+  RailScheduler s({"rail0", "rail1"}, {10, 10});
+  s.record(1, 1 << 20, (1 << 20) * 8 / 0.5e9);  // 1 MiB at 0.5 Gbit/s
+  EXPECT_DOUBLE_EQ(s.gbps(1), 0.5);
+  EXPECT_DOUBLE_EQ(s.gbps(0), 10);              // not measured yet
+  s.record(1, 1 << 20, (1 << 20) * 8 / 0.6e9);  // from now on smoothed
+  EXPECT_GT(s.gbps(1), 0.5);
+  EXPECT_LT(s.gbps(1), 0.6);
+}
+
 TEST(RailScheduler, DownRailsGetNothingAndAllDownIsPeerLost) {
   RailScheduler s({"eth0", "eth1"}, {1, 1});
   s.markDown(0, "connection reset");

@@ -157,6 +157,11 @@ void RailScheduler::record(int rail, size_t bytes, double seconds) {
   if (!(seconds > 0) || bytes == 0 || !std::isfinite(seconds)) return;
   Rail& r = rails_[static_cast<size_t>(rail)];
   const double sample = static_cast<double>(bytes) * 8 / seconds / 1e9;
+  if (!r.measured) {
+    r.measured = true;
+    r.gbps = sample;
+    return;
+  }
   const int direction =
       sample > r.gbps * options_.jump_ratio ? 1 : (sample * options_.jump_ratio < r.gbps ? -1 : 0);
   if (direction == 0 || direction != r.streak) {

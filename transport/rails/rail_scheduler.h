@@ -29,7 +29,7 @@ struct SchedulerOptions {
   // A rail whose samples all differ from its estimate by more than this factor, in the same
   // direction, for jump_seconds of transfer time has changed (reshaped, congested, freed):
   // its estimate jumps to what those samples measured instead of drifting there.
-  double jump_ratio = 1.5;
+  double jump_ratio = 1.3;
   double jump_seconds = 0.1;
 };
 
@@ -46,7 +46,9 @@ class RailScheduler {
   // Pieces covering [0, bytes) exactly, in offset order, over rails that are up. Empty for 0
   // bytes. PeerLostError naming every rail and why it is down when none is up.
   std::vector<Piece> split(size_t bytes) const;
-  // A piece of `bytes` took `seconds` on `rail` (from hand-off to completion).
+  // A piece of `bytes` took `seconds` on `rail` (from hand-off to completion). The first
+  // sample of a rail replaces its starting estimate outright: nominal speeds are routinely
+  // off by several times (a veth says 10 Gbit/s; a shared or shaped NIC its link rate).
   void record(int rail, size_t bytes, double seconds);
   // The rail failed or stalled: it gets no more pieces until markUp.
   void markDown(int rail, const std::string& why);
@@ -67,7 +69,8 @@ class RailScheduler {
     double gbps = 1;
     bool up = true;
     std::string down_reason;
-    int streak = 0;  // +1: samples above the estimate by jump_ratio, -1 below, 0 none
+    bool measured = false;  // false: the estimate is still the starting (nominal) speed
+    int streak = 0;         // +1: samples above the estimate by jump_ratio, -1 below, 0 none
     double streak_bytes = 0;
     double streak_seconds = 0;
   };
