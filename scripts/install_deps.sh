@@ -11,7 +11,7 @@ packages=(
   libhwloc-dev nlohmann-json3-dev libcli11-dev
   libgloo-dev python3-matplotlib
   libibverbs-dev librdmacm-dev
-  iproute2 graphviz
+  iproute2 graphviz iperf3
 )
 
 missing=()

@@ -20,8 +20,9 @@ RailScheduler::RailScheduler(std::vector<std::string> names, std::vector<double>
   if (!(options_.min_fraction >= 0) || options_.min_fraction * names.size() > 1) {
     throw InvalidArgument("RailScheduler: min_fraction must be in [0, 1/rails]");
   }
-  if (!(options_.jump_ratio > 1) || !(options_.jump_seconds > 0)) {
-    throw InvalidArgument("RailScheduler: jump_ratio must be > 1 and jump_seconds > 0");
+  if (!(options_.jump_ratio > 1) || !(options_.jump_seconds > 0) || options_.jump_samples < 1) {
+    throw InvalidArgument(
+        "RailScheduler: jump_ratio must be > 1, jump_seconds > 0 and jump_samples >= 1");
   }
   if (!(options_.half_life_seconds > 0)) {
     throw InvalidArgument("RailScheduler: half_life_seconds must be > 0");
@@ -168,15 +169,18 @@ void RailScheduler::record(int rail, size_t bytes, double seconds) {
     r.streak = direction;
     r.streak_bytes = 0;
     r.streak_seconds = 0;
+    r.streak_samples = 0;
   }
   if (direction != 0) {
     r.streak_bytes += static_cast<double>(bytes);
     r.streak_seconds += seconds;
-    if (r.streak_seconds >= options_.jump_seconds) {
+    ++r.streak_samples;
+    if (r.streak_seconds >= options_.jump_seconds || r.streak_samples >= options_.jump_samples) {
       r.gbps = r.streak_bytes * 8 / r.streak_seconds / 1e9;
       r.streak = 0;
       r.streak_bytes = 0;
       r.streak_seconds = 0;
+      r.streak_samples = 0;
       return;
     }
   }

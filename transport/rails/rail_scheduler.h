@@ -27,10 +27,13 @@ struct SchedulerOptions {
   // Weight of the past halves every this many seconds of a rail's transfer time.
   double half_life_seconds = 0.25;
   // A rail whose samples all differ from its estimate by more than this factor, in the same
-  // direction, for jump_seconds of transfer time has changed (reshaped, congested, freed):
-  // its estimate jumps to what those samples measured instead of drifting there.
+  // direction, for jump_seconds of transfer time or jump_samples samples in a row has
+  // changed (reshaped, congested, freed): its estimate jumps to what those samples measured
+  // instead of drifting there. (Counting samples matters for a rail that just got faster:
+  // it carries a small share, so its transfer time accrues slowly.)
   double jump_ratio = 1.3;
   double jump_seconds = 0.1;
+  int jump_samples = 8;
 };
 
 // Splits messages across rails in proportion to each rail's estimated bandwidth and keeps the
@@ -73,6 +76,7 @@ class RailScheduler {
     int streak = 0;         // +1: samples above the estimate by jump_ratio, -1 below, 0 none
     double streak_bytes = 0;
     double streak_seconds = 0;
+    int streak_samples = 0;
   };
   const Rail& at(int rail) const;
   std::vector<double> fractions() const;
