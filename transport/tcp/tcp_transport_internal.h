@@ -150,6 +150,25 @@ struct TcpTransport::Channel {
   uint64_t ack_sent = 0;     // `consumed` in our last ack
   bool ack_wanted = false;   // a frame that asks for acknowledgement completed since then
   bool ping_wanted = false;  // a ping came: the ack goes back on this connection
+
+  // A new connection for this rail (re-admission): what identifies the rail and what it has
+  // carried so far stay; every per-connection state starts afresh.
+  void restart(Fd new_fd, uint16_t new_generation) {
+    Channel fresh;
+    fresh.peer = peer;
+    fresh.index = index;
+    fresh.rail = rail;
+    fresh.name = std::move(name);
+    fresh.local = std::move(local);
+    fresh.remote = std::move(remote);
+    fresh.listener = std::move(listener);
+    fresh.payload_sent = payload_sent;
+    fresh.last_rejoin_attempt = last_rejoin_attempt;
+    fresh.fd = std::move(new_fd);
+    fresh.generation = new_generation;
+    fresh.last_heard = Clock::now();
+    *this = std::move(fresh);
+  }
 };
 
 struct TcpTransport::Peer {
