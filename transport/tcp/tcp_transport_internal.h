@@ -3,7 +3,7 @@
 // Internals of TcpTransport shared by its implementation files (tcp_transport.cc: requests,
 // progress and writing; tcp_transport_read.cc: reading and reassembly;
 // tcp_transport_connect.cc: mesh set-up; tcp_transport_rails.cc: rail failure, failover and
-// re-admission; tcp_transport_failure.cc: fatal failures, aborts, lost connections). Not part
+// tail stealing; tcp_transport_rejoin.cc: re-admission; tcp_transport_failure.cc: fatal failures, aborts, lost connections). Not part
 // of the interface.
 #include <chrono>
 #include <deque>

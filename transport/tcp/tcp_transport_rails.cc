@@ -1,4 +1,4 @@
-// Rail failure and re-admission (several connections to a peer).
+// Rail failure (several connections to a peer): failover, stalls, tail stealing, status.
 //
 // Failover protocol. A connection is taken out when it errors, or when it holds undelivered
 // data without progress for rail_timeout while another connection to the same peer still
@@ -8,13 +8,8 @@
 // peer takes the connection out too, if it had not, and sends its own report. Each rank then
 // re-sends, on the remaining connections, exactly what the other did not consume: pieces it
 // never started whole, and the unconsumed tail of pieces it had written. Nothing is lost or
-// delivered twice, so the receiver's byte count per message stays exact.
-//
-// Re-admission. Once both reports are through, the rank that opened the connection at
-// start-up tries to reconnect it every rejoin_interval from its keeper thread; the other
-// rank accepts only connections whose failover is complete. Both start a fresh stream and
-// the scheduler gives it its previous estimate, which measurement then corrects.
-#include <poll.h>
+// delivered twice, so the receiver's byte count per message stays exact. Re-admission:
+// tcp_transport_rejoin.cc.
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -325,143 +320,6 @@ void TcpTransport::checkStalls() {
       }
     }
     for (auto& [channel, why] : stalled) railDown(peer, *channel, why);
-  }
-}
-
-void TcpTransport::installRejoined() {
-  std::vector<std::unique_ptr<Rejoined>> ready;
-  {
-    std::lock_guard<std::mutex> lock(rejoin_mutex_);
-    ready.swap(rejoined_);
-  }
-  for (auto& r : ready) {
-    Peer& peer = *peers_[static_cast<size_t>(r->peer)];
-    Channel& channel = *peer.channels[static_cast<size_t>(r->channel)];
-    double gbps;
-    {
-      std::lock_guard<std::mutex> lock(peer.mutex);
-      if (channel.up || peer.lost) continue;
-      channel.restart(std::move(r->fd), r->generation);
-      registerChannel(peer, channel);
-      peer.scheduler->markUp(channel.index);
-      gbps = peer.scheduler->gbps(channel.index);
-    }
-    RS_LOG_WARN("rank {}: rail {} ({} -> {}) to rank {} is back; re-admitted at {:.3f} Gbit/s",
-                options_.rank, channel.name, channel.local.empty() ? "-" : channel.local,
-                channel.remote, peer.rank, gbps);
-  }
-}
-
-void TcpTransport::keeperLoop() {
-  const std::string token = options_.token.substr(0, kMaxToken);
-  std::vector<pollfd> polled;
-  for (const auto& l : listeners_) polled.push_back({l->fd.get(), POLLIN, 0});
-  auto handOver = [&](int peer, int channel, uint16_t generation, Fd fd) {
-    auto r = std::make_unique<Rejoined>();
-    r->peer = peer;
-    r->channel = channel;
-    r->generation = generation;
-    r->fd = std::move(fd);
-    {
-      std::lock_guard<std::mutex> lock(rejoin_mutex_);
-      rejoined_.push_back(std::move(r));
-    }
-    wake();
-  };
-  // Both sides must be through the failover of that connection before it is re-made.
-  auto rejoinable = [](const Channel& c) { return !c.up && c.report_sent && c.report_received; };
-  while (!closing_.load() && !stopping_.load()) {
-    for (auto& p : polled) p.revents = 0;
-    const int n = ::poll(polled.data(), polled.size(), 100);
-    if (closing_.load() || failed_.load()) break;
-    // Accepting side: a higher rank reconnecting one of its rails.
-    for (auto& p : polled) {
-      if (n <= 0 || !(p.revents & POLLIN)) continue;
-      const int raw = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (raw < 0) continue;
-      Fd fd(raw);
-      const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
-      try {
-        Hello hello;
-        recvAll(fd.get(), &hello, sizeof(hello), deadline, "rejoin hello");
-        if (hello.token_bytes > kMaxToken) continue;
-        std::string received(hello.token_bytes, '\0');
-        recvAll(fd.get(), received.data(), received.size(), deadline, "rejoin hello");
-        if (!checkHello(hello, received, token, options_.rank, options_.size).empty() ||
-            !(hello.flags & kHelloRejoin)) {
-          continue;
-        }
-        Peer* peer = peers_[hello.rank].get();
-        if (peer == nullptr || hello.channels != peer->channels.size()) continue;
-        {
-          std::lock_guard<std::mutex> lock(peer->mutex);
-          const Channel& c = *peer->channels[hello.channel];
-          if (!rejoinable(c) || peer->lost ||
-              hello.generation != static_cast<uint16_t>(c.generation + 1)) {
-            continue;
-          }
-        }
-        Hello ack;
-        ack.rank = static_cast<uint32_t>(options_.rank);
-        ack.world_size = static_cast<uint32_t>(options_.size);
-        ack.channel = hello.channel;
-        ack.channels = hello.channels;
-        ack.flags = kHelloRejoin;
-        ack.generation = hello.generation;
-        sendAll(fd.get(), &ack, sizeof(ack), deadline, "rejoin reply");
-        handOver(static_cast<int>(hello.rank), hello.channel, hello.generation, std::move(fd));
-      } catch (const Error& e) {
-        RS_LOG_DEBUG("rank {}: rejoin attempt refused: {}", options_.rank, e.what());
-      }
-    }
-    // Connecting side: our rails to lower ranks that are down.
-    for (auto& peer_ptr : peers_) {
-      if (!peer_ptr || !peer_ptr->multi() || !peer_ptr->connector) continue;
-      Peer& peer = *peer_ptr;
-      for (auto& channel_ptr : peer.channels) {
-        Channel& channel = *channel_ptr;
-        std::string local;
-        std::string target;
-        uint16_t generation;
-        {
-          std::lock_guard<std::mutex> lock(peer.mutex);
-          const Clock::time_point now = Clock::now();
-          if (peer.lost || !rejoinable(channel) ||
-              now - channel.last_rejoin_attempt < options_.rejoin_interval) {
-            continue;
-          }
-          channel.last_rejoin_attempt = now;
-          local = channel.local;
-          target = channel.listener;
-          generation = static_cast<uint16_t>(channel.generation + 1);
-        }
-        if (closing_.load()) break;
-        const std::string what = "rank " + std::to_string(options_.rank) + " reconnecting " +
-                                 channel.name + " to rank " + std::to_string(peer.rank);
-        try {
-          const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
-          const SockAddr source = resolve(joinHostPort(local, 0), "rail address");
-          Fd fd = connectWithRetry(resolve(target, what), deadline, what,
-                                   local.empty() ? nullptr : &source);
-          Hello hello;
-          hello.rank = static_cast<uint32_t>(options_.rank);
-          hello.world_size = static_cast<uint32_t>(options_.size);
-          hello.token_bytes = static_cast<uint16_t>(token.size());
-          hello.channel = static_cast<uint16_t>(channel.index);
-          hello.channels = static_cast<uint16_t>(peer.channels.size());
-          hello.flags = kHelloRejoin;
-          hello.generation = generation;
-          sendAll(fd.get(), &hello, sizeof(hello), deadline, what);
-          sendAll(fd.get(), token.data(), token.size(), deadline, what);
-          Hello ack;
-          recvAll(fd.get(), &ack, sizeof(ack), deadline, what);
-          if (ack.magic != kHelloMagic || !(ack.flags & kHelloRejoin)) continue;
-          handOver(peer.rank, channel.index, generation, std::move(fd));
-        } catch (const Error& e) {
-          RS_LOG_DEBUG("{}: {}", what, e.what());
-        }
-      }
-    }
   }
 }
 
