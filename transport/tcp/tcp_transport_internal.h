@@ -1,10 +1,10 @@
 #pragma once
 
-// Internals of TcpTransport shared by its implementation files (tcp_transport.cc: requests,
-// progress and writing; tcp_transport_read.cc: reading and reassembly;
-// tcp_transport_connect.cc: mesh set-up; tcp_transport_rails.cc: rail failure, failover and
-// tail stealing; tcp_transport_rejoin.cc: re-admission; tcp_transport_failure.cc: fatal failures, aborts, lost connections). Not part
-// of the interface.
+// Internals of TcpTransport shared by its implementation files: tcp_transport.cc (requests,
+// progress, writing), tcp_transport_read.cc (reading, reassembly, acks),
+// tcp_transport_connect.cc (mesh set-up), tcp_transport_rails.cc (rail failure, failover,
+// tail stealing), tcp_transport_rejoin.cc (re-admission), tcp_transport_failure.cc (fatal
+// failures, aborts, lost connections). Not part of the interface.
 #include <chrono>
 #include <deque>
 #include <map>
