@@ -90,7 +90,7 @@ void expectOnEveryRank(const Job& job, const std::string& needle) {
 TEST(ClusterTopology, OneHostEveryRankGetsTheSameGraphWithPlacements) {
   CountingStore store;
   Config config;
-  config.topo_dump = ::testing::TempDir() + "/cluster_dump.json";
+  config.topo_dump = railshard::test::tempPath("cluster_dump.json");
   ::unlink(config.topo_dump.c_str());
   const Job job = runJob(store, 3, config);
   test::rethrowFirst(job.errors);
@@ -142,7 +142,7 @@ TEST(ClusterTopology, TopologyFileWithoutRanksPlacesRanksByHostName) {
   auto json = nlohmann::ordered_json::parse(readFile(fixturePath("two_rail_pair.json")));
   json["ranks"] = nlohmann::ordered_json::array();
   Config config;
-  config.topo_file = ::testing::TempDir() + "/no_ranks.json";
+  config.topo_file = railshard::test::tempPath("no_ranks.json");
   std::ofstream(config.topo_file) << json.dump(2);
   const Job job = runJob(store, 3, config, {"beta", "alpha", "beta"});
   test::rethrowFirst(job.errors);

@@ -31,13 +31,9 @@ const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
     if (kBench.empty()) GTEST_SKIP() << "dispatch_bench is not built (benchmarks off)"; \
   } while (0)
 
-std::string tempPath(const std::string& name) {
-  return ::testing::TempDir() + "dispatch_bench_test_" + std::to_string(::getpid()) + "_" + name;
-}
-
 // Runs the bench on 3 ranks with `args` and returns the JSON it wrote.
 nlohmann::json runBench(const std::vector<std::string>& args, test::ProcessResult* result) {
-  const std::string json_path = tempPath("out.json");
+  const std::string json_path = railshard::test::tempPath("out.json");
   std::remove(json_path.c_str());
   std::vector<std::string> argv = {kLaunch, "-n", "3", kBench};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -26,7 +26,7 @@ const std::string kTopo = RAILSHARD_TOPO_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
 TEST_F(NetnsTestbed, DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping) {
-  const std::string dump = ::testing::TempDir() + "/netns_topology.json";
+  const std::string dump = railshard::test::tempPath("netns_topology.json");
   ::unlink(dump.c_str());
   const std::map<std::string, std::string> env = {
       {"RAILSHARD_PROBE", "1"}, {"RAILSHARD_PROBE_MS", "400"}, {"RAILSHARD_TOPO_DUMP", dump}};

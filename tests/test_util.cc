@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <stdexcept>
 #include <thread>
 
@@ -106,6 +108,12 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+std::string tempPath(const std::string& name) {
+  std::string dir = ::testing::TempDir();
+  if (!dir.empty() && dir.back() != '/') dir += '/';
+  return dir + std::to_string(::getpid()) + "_" + name;
 }
 
 int freePort() {

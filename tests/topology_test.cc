@@ -78,7 +78,7 @@ TEST_P(FixtureTest, GraphvizAcceptsTheDot) {
   if (test::runProcess({"/bin/sh", "-c", "command -v dot"}).exit_code != 0) {
     GTEST_SKIP() << "Graphviz 'dot' is not installed (apt-get install graphviz)";
   }
-  const std::string path = ::testing::TempDir() + "/topo.dot";
+  const std::string path = test::tempPath("topo.dot");
   std::ofstream(path) << fixture(GetParam()).toDot();
   const auto result = test::runProcess({"dot", "-Tsvg", "-o", "/dev/null", path});
   EXPECT_EQ(result.exit_code, 0) << result.err;

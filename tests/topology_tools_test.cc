@@ -50,7 +50,7 @@ TEST(RailshardTopo, RendersPngThroughGraphviz) {
   if (runProcess({"/bin/sh", "-c", "command -v dot"}).exit_code != 0) {
     GTEST_SKIP() << "Graphviz 'dot' is not installed (apt-get install graphviz)";
   }
-  const std::string out = ::testing::TempDir() + "/topo.png";
+  const std::string out = railshard::test::tempPath("topo.png");
   ::unlink(out.c_str());
   const auto result = runProcess({kTopo, "--file", kFixtures + "dgx_host.json", "--png", out});
   ASSERT_EQ(result.exit_code, 0) << result.err;
@@ -70,7 +70,7 @@ TEST(RailshardTopo, FileQueriesAndErrors) {
   ASSERT_EQ(path.exit_code, 0) << path.err;
   EXPECT_THAT(path.out, HasSubstr("path rank 0 -> rank 3: nvlink, 400 Gb/s"));
 
-  const std::string bad = ::testing::TempDir() + "/bad_topo.json";
+  const std::string bad = railshard::test::tempPath("bad_topo.json");
   std::ofstream(bad) << "{\"format\": \"railshard-topology\", \"version\": 1, \"vertices\": "
                         "[{\"id\": \"h\", \"kind\": \"hots\", \"host\": \"h\"}]}";
   const auto broken = runProcess({kTopo, "--file", bad});
@@ -109,7 +109,7 @@ TEST(RailshardTopo, UnderMpirunRankZeroPrintsTheJobsGraph) {
 }
 
 TEST(RailshardLaunch, DumpTopologyWritesTheGraphTheRanksAgreedOn) {
-  const std::string out = ::testing::TempDir() + "/job_topology.json";
+  const std::string out = railshard::test::tempPath("job_topology.json");
   const auto result = runProcess(
       {kLaunch, "-n", "2", "--dump-topology", out, kCheck, "--iterations", "3"}, kNoToken);
   ASSERT_EQ(result.exit_code, 0) << result.err;
