@@ -34,12 +34,16 @@ TEST(Config, BadValuesNameTheVariableAndValue) {
     }
     return std::string();
   };
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"RAILSHARD_TIMEOUT", "-1"},
-           {"RAILSHARD_TIMEOUT", "soon"},
-           {"RAILSHARD_CHUNK_BYTES", "12Q"},
-           {"RAILSHARD_LOG_LEVEL", "loud"},
-           {"RAILSHARD_TRANSPORT", "carrier-pigeon"}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"RAILSHARD_TIMEOUT", "-1"},
+                                                        {"RAILSHARD_TIMEOUT", "soon"},
+                                                        {"RAILSHARD_CHUNK_BYTES", "12Q"},
+                                                        {"RAILSHARD_LOG_LEVEL", "loud"},
+                                                        {"RAILSHARD_TRANSPORT", "carrier-pigeon"},
+                                                        {"RAILSHARD_RAIL_WEIGHTS", "fastest"},
+                                                        {"RAILSHARD_SOCKETS_PER_RAIL", "0"},
+                                                        {"RAILSHARD_SOCKETS_PER_RAIL", "17"},
+                                                        {"RAILSHARD_RAIL_TIMEOUT", "0.001"}}) {
     const std::string message = messageOf(key, value);
     EXPECT_NE(message.find(key), std::string::npos) << message;
     EXPECT_NE(message.find(value), std::string::npos) << message;

@@ -55,7 +55,8 @@ struct Pair {
 };
 
 // Two ranks joined by `rails` rails (127.0.0.1, 127.0.0.2, ...), created in parallel.
-void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive", int sockets = 1) {
+void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive", int sockets = 1,
+                 const std::vector<double>& gbps = {}) {
   MemoryStore store;
   railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
     TcpTransport::Options options;
@@ -72,7 +73,7 @@ void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive",
       spec.name = "lo" + std::to_string(r);
       spec.local_address = "127.0.0." + std::to_string(r + 1);
       spec.remote_address = spec.local_address;
-      spec.gbps = 10;
+      spec.gbps = gbps.empty() ? 10 : gbps[static_cast<size_t>(r)];
       options.peer_rails[static_cast<size_t>(1 - rank)].push_back(spec);
     }
     pair.t[rank] = TcpTransport::create(store, options);
@@ -163,6 +164,28 @@ TEST(MultiRail, EqualWeightsSplitLargeMessagesEvenly) {
   EXPECT_EQ(rails[0].bytes_sent, bytes / 2);
   EXPECT_EQ(rails[1].bytes_sent, bytes / 2);
   EXPECT_DOUBLE_EQ(rails[0].gbps, 1.0);  // equal weights are never re-estimated
+}
+
+TEST(MultiRail, StaticWeightsSplitByTheGraphsSpeedsAndStayThere) {
+  Pair pair;
+  connectPair(pair, 2, "static", 1, {10, 30});
+  const size_t bytes = 16 << 20;
+  auto data = pattern(bytes, 11);
+  std::vector<uint8_t> got(bytes);
+  for (int round = 0; round < 3; ++round) {
+    auto r = pair.t[1]->irecv(0, got.data(), bytes, tagOf(round));
+    auto s = pair.t[0]->isend(1, data.data(), bytes, tagOf(round));
+    pair.t[0]->wait(s, soon());
+    pair.t[1]->wait(r, soon());
+    EXPECT_EQ(got, data);
+  }
+  const auto rails = railsTo(*pair.t[0], 1);
+  EXPECT_DOUBLE_EQ(rails[0].gbps, 10);  // measured traffic does not move static weights
+  EXPECT_DOUBLE_EQ(rails[1].gbps, 30);
+  EXPECT_NEAR(rails[0].fraction, 0.25, 1e-9);
+  // 1:3 of every message, to the 64-byte cut.
+  EXPECT_NEAR(static_cast<double>(rails[0].bytes_sent), 0.25 * 3 * bytes, 3 * 64);
+  EXPECT_EQ(rails[0].bytes_sent + rails[1].bytes_sent, 3 * bytes);
 }
 
 TEST(MultiRail, TagMismatchIsStillCaughtOnEveryRank) {
