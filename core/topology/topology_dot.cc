@@ -45,19 +45,20 @@ std::string label(const Vertex& v) {
   std::string text = v.name.empty() ? v.id : v.name;
   switch (v.kind) {
     case VertexKind::kNuma:
-      if (v.cores != 0) text += "\n" + std::to_string(v.cores) + " cores";
-      if (!v.cpus.empty()) text += " (cpus " + v.cpus + ")";
-      if (v.memory_bytes != 0) text += "\n" + gib(v.memory_bytes);
+      if (v.cores != 0) text.append("\n").append(std::to_string(v.cores) + " cores");
+      if (!v.cpus.empty()) text.append(" (cpus ").append(v.cpus + ")");
+      if (v.memory_bytes != 0) text.append("\n").append(gib(v.memory_bytes));
       break;
     case VertexKind::kGpu:
       text = v.id.substr(v.id.rfind('/') + 1) + "\n" + v.name;
-      if (v.memory_bytes != 0) text += "\n" + gib(v.memory_bytes);
+      if (v.memory_bytes != 0) text.append("\n").append(gib(v.memory_bytes));
       break;
     case VertexKind::kNic:
-      if (v.speed_gbps != 0) text += "\n" + gbps(v.speed_gbps) + " Gb/s";
-      if (!v.rdma_device.empty()) text += "\n" + v.rdma_device + ":" + std::to_string(v.rdma_port);
-      for (const auto& address : v.addresses) text += "\n" + address;
-      if (!v.excluded.empty()) text += "\n(" + v.excluded + ")";
+      if (v.speed_gbps != 0) text.append("\n").append(gbps(v.speed_gbps) + " Gb/s");
+      if (!v.rdma_device.empty())
+        text.append("\n").append(v.rdma_device + ":" + std::to_string(v.rdma_port));
+      for (const auto& address : v.addresses) text.append("\n").append(address);
+      if (!v.excluded.empty()) text.append("\n(").append(v.excluded + ")");
       break;
     case VertexKind::kPciSwitch:
       text = "PCIe switch\n" + v.pci;
@@ -87,10 +88,11 @@ std::string shape(VertexKind kind) {
 
 std::string linkLabel(const Link& l) {
   std::string text(name(l.kind));
-  if (l.lanes != 0 && l.kind == LinkKind::kNvLink) text += " x" + std::to_string(l.lanes);
-  if (l.nominal_gbps != 0) text += "\n" + gbps(l.nominal_gbps) + " Gb/s";
-  if (l.measured_gbps != 0) text += "\nmeasured " + gbps(l.measured_gbps) + " Gb/s";
-  if (l.latency_us != 0) text += "\n" + gbps(l.latency_us) + " us";
+  if (l.lanes != 0 && l.kind == LinkKind::kNvLink)
+    text.append(" x").append(std::to_string(l.lanes));
+  if (l.nominal_gbps != 0) text.append("\n").append(gbps(l.nominal_gbps) + " Gb/s");
+  if (l.measured_gbps != 0) text.append("\nmeasured ").append(gbps(l.measured_gbps) + " Gb/s");
+  if (l.latency_us != 0) text.append("\n").append(gbps(l.latency_us) + " us");
   return text;
 }
 
@@ -106,9 +108,9 @@ std::string Topology::toDot() const {
   for (const std::string& host : hosts()) {
     const Vertex& h = vertex(host);
     std::string title = h.name.empty() ? h.id : h.name;
-    if (h.cores != 0) title += "\n" + std::to_string(h.cores) + " cores";
-    if (h.threads != 0) title += ", " + std::to_string(h.threads) + " threads";
-    if (h.memory_bytes != 0) title += ", " + gib(h.memory_bytes);
+    if (h.cores != 0) title.append("\n").append(std::to_string(h.cores) + " cores");
+    if (h.threads != 0) title.append(", ").append(std::to_string(h.threads) + " threads");
+    if (h.memory_bytes != 0) title.append(", ").append(gib(h.memory_bytes));
     out << "  subgraph cluster_" << cluster++ << " {\n"
         << "    label=" << quote(title) << "; style=rounded;\n";
     for (const Vertex* v : vertices()) {
