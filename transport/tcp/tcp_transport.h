@@ -136,6 +136,8 @@ class TcpTransport : public Transport {
   std::string railsSummaryLocked(const Peer& peer) const;
   // tcp_transport_failure.cc
   void onConnectionLost(Peer& peer, Channel& channel, const std::string& reason);
+  // Stops watching and closes the connection's socket; caller holds the peer's mutex.
+  void closeChannelLocked(Channel& channel);
   void fail(std::exception_ptr error, bool tell_peers);
   void detachUserMemory();
   void drainAfterFailure(Peer& peer, Channel& channel);

@@ -105,11 +105,15 @@ void TcpTransport::drainAfterFailure(Peer& peer, Channel& channel) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     std::lock_guard<std::mutex> lock(peer.mutex);
-    channel.lost = true;
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
-    channel.fd.reset();
+    closeChannelLocked(channel);
     return;
   }
+}
+
+void TcpTransport::closeChannelLocked(Channel& channel) {
+  if (channel.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
+  channel.fd.reset();
+  channel.lost = true;
 }
 
 void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::string& reason) {
@@ -146,9 +150,7 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
   }
   if (closing_.load()) {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    if (channel.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
-    channel.lost = true;
-    channel.fd.reset();
+    closeChannelLocked(channel);
     return;
   }
   if (peer.multi() && channel.up && other_rail && !failed_.load()) {
@@ -159,11 +161,9 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
   std::string rails;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    if (channel.fd.valid()) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
-    channel.lost = true;
+    closeChannelLocked(channel);
     channel.up = false;
     channel.down_reason = reason;
-    channel.fd.reset();
     peer.lost = true;
     if (peer.multi()) rails = " (" + railsSummaryLocked(peer) + ")";
   }

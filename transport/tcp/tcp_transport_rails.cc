@@ -60,11 +60,7 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
     channel.up = false;
     channel.down_reason = why;
     peer.scheduler->markDown(channel.index, why);
-    if (channel.fd.valid()) {
-      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, channel.fd.get(), nullptr);
-      channel.fd.reset();  // the peer, if it can still hear, sees the close at once
-    }
-    channel.lost = true;
+    closeChannelLocked(channel);  // the peer, if it can still hear, sees the close at once
     channel.write_interest = false;
     channel.busy = false;
     channel.sample_open = false;
