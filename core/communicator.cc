@@ -1,8 +1,12 @@
 #include "core/communicator.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
@@ -11,6 +15,7 @@
 #include "core/collectives/context.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/tuner.h"
+#include "core/progress_publisher.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
 #include "transport/shm/host_identity.h"
@@ -46,12 +51,22 @@ std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
   return result;
 }
 
+// How often a rank's position (the collective it is in) reaches the store; a timeout's
+// diagnosis is as fresh as this.
+constexpr auto kPublishPeriod = std::chrono::milliseconds(200);
+
 }  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& options) {
   if (options.size < 1) {
     throw InvalidArgument("Communicator: world size must be >= 1, got " +
                           std::to_string(options.size));
+  }
+  if (!options.world_ranks.empty() &&
+      options.world_ranks.size() != static_cast<size_t>(options.size)) {
+    throw InvalidArgument("Communicator: world_ranks has " +
+                          std::to_string(options.world_ranks.size()) + " entries for " +
+                          std::to_string(options.size) + " ranks");
   }
   if (options.rank < 0 || options.rank >= options.size) {
     throw InvalidArgument("Communicator: rank " + std::to_string(options.rank) +
@@ -73,11 +88,25 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   tcp.sockets_per_rail = options.config.sockets_per_rail;
   tcp.rail_weights = options.config.rail_weights;
   tcp.rail_timeout = std::chrono::duration_cast<Duration>(options.config.rail_timeout);
+  tcp.heartbeat_timeout = std::chrono::duration_cast<Duration>(options.config.heartbeat_timeout);
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
   auto transport = transport::tcp::TcpTransport::create(store, std::move(tcp));
   std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
   communicator->setUpSharedMemory(store, options.key_prefix);
+  if (communicator->shm_) {
+    transport::Transport* tcp_transport = communicator->transport_.get();
+    communicator->shm_->setHealthCheck([tcp_transport] { tcp_transport->checkHealthy(); });
+  }
+  Communicator* self = communicator.get();
+  auto explain = [self](const transport::MessageTag& tag) { return self->diagnoseMissing(tag); };
+  communicator->transport_->setTimeoutExplainer(explain);
+  if (communicator->shm_) communicator->shm_->setTimeoutExplainer(explain);
+  if (options.store && options.size > 1) {
+    communicator->publisher_ = std::make_unique<ProgressPublisher>(
+        options.store, options.key_prefix + "/entered/" + std::to_string(options.rank),
+        kPublishPeriod);
+  }
   return communicator;
 }
 
@@ -160,9 +189,22 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
       config_(options.config),
       transport_(std::move(transport)),
       topology_(options.topology),
-      workspace_(std::make_unique<collectives::Workspace>()) {}
+      workspace_(std::make_unique<collectives::Workspace>()),
+      store_(options.store),
+      world_ranks_(options.world_ranks),
+      generation_(options.generation),
+      key_prefix_(options.key_prefix),
+      key_root_(options.key_root.empty() ? options.key_prefix : options.key_root),
+      advertise_host_(options.advertise_host) {
+  if (world_ranks_.empty()) {
+    for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
+  }
+}
 
-Communicator::~Communicator() = default;
+// The publisher's thread stops before the transport and store it uses go away.
+Communicator::~Communicator() {
+  publisher_.reset();
+}
 
 void Communicator::checkBuffer(const char* collective, const char* what, const void* buffer,
                                size_t count, DataType dtype) const {
@@ -188,28 +230,176 @@ void Communicator::checkTypes(const char* collective, DataType dtype, ReduceOp o
   }
 }
 
+void Communicator::checkUsable(const char* collective) const {
+  if (shrunk_) {
+    throw InvalidArgument(std::string(collective) + ": this communicator (generation " +
+                          std::to_string(generation_) +
+                          ") was shrunk; use the communicator shrink() returned");
+  }
+  if (!aborted_.empty()) {
+    throw InvalidArgument(std::string(collective) +
+                          ": this communicator was aborted by the application: " + aborted_);
+  }
+}
+
+Duration Communicator::timeoutFor(const char* collective, Timeout timeout) const {
+  if (timeout == kDefaultTimeout) return std::chrono::duration_cast<Duration>(config_.timeout);
+  if (timeout <= Timeout::zero()) {
+    throw InvalidArgument(std::string(collective) + ": timeout must be positive, got " +
+                          std::to_string(timeout.count()) + " ms");
+  }
+  return std::chrono::duration_cast<Duration>(timeout);
+}
+
 namespace {
 
-collectives::Context makeContext(transport::Transport& transport, int rank, int size,
-                                 const Config& config, collectives::Workspace& workspace,
-                                 const transport::MessageTag& tag) {
-  return collectives::Context{transport,
-                              rank,
-                              size,
-                              config.chunk_bytes,
-                              std::chrono::duration_cast<Duration>(config.timeout),
-                              tag,
-                              workspace};
+std::string formatSeconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f s", seconds);
+  return text;
+}
+
+// The value of `key` if it is set, without waiting.
+std::optional<std::string> peek(Store& store, const std::string& key) {
+  try {
+    return store.getString(key, Duration::zero());
+  } catch (const TimeoutError&) {
+    return std::nullopt;
+  }
+}
+
+// The collective's name as a literal (name() returns views of literals).
+const char* collectiveName(const transport::MessageTag& tag) {
+  return name(static_cast<CollectiveKind>(tag.collective)).data();
+}
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(ranks[i]);
+  }
+  return text;
 }
 
 }  // namespace
 
+std::string Communicator::describeRank(int rank) const {
+  std::string text = "rank " + std::to_string(rank);
+  std::vector<std::string> notes;
+  const int world = world_ranks_[static_cast<size_t>(rank)];
+  if (world != rank) notes.push_back("launch rank " + std::to_string(world));
+  if (topology_ != nullptr && topology_->worldSize() == size_) {
+    notes.push_back("host " + topology_->rank(rank).host);
+  }
+  for (size_t i = 0; i < notes.size(); ++i) text += (i == 0 ? " (" : ", ") + notes[i];
+  if (!notes.empty()) text += ")";
+  return text;
+}
+
+std::string Communicator::explainLoss(const transport::MessageTag& tag, double waited,
+                                      const std::string& error) {
+  auto lost = transport_->lostPeers();
+  // Over shared memory the engine sees a dead peer's pid first; its TCP connection (same
+  // process) ends at the same moment, and the transport says which rank that was.
+  for (int i = 0; i < 20 && lost.empty() && shm_ != nullptr; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    lost = transport_->lostPeers();
+  }
+  std::string who;
+  for (const auto& peer : lost) {
+    who += (who.empty() ? "" : ", ") + describeRank(peer.rank);
+    if (publisher_) {
+      publisher_->post(
+          key_root_ + "/gen" + std::to_string(generation_ + 1) + "/lost/" +
+              std::to_string(world_ranks_[static_cast<size_t>(peer.rank)]),
+          "declared lost by launch rank " + std::to_string(worldRank()) + ": " + peer.reason);
+    }
+  }
+  return "rank " + std::to_string(rank_) + ": " + describeTag(tag) + " failed after waiting " +
+         formatSeconds(waited) + ": lost " + (who.empty() ? "a peer" : who) + ": " + error;
+}
+
+std::string Communicator::diagnoseMissing(const transport::MessageTag& tag) {
+  if (!store_ || !publisher_) return {};
+  const double waited = std::chrono::duration<double>(Clock::now() - collective_start_).count();
+  publisher_->flush();
+  std::vector<int> missing;
+  std::vector<int> waiting;
+  std::string lasts;
+  const std::string name(collectiveName(tag));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      waiting.push_back(r);
+      continue;
+    }
+    std::optional<std::string> position;
+    try {
+      position = peek(*store_, key_prefix_ + "/entered/" + std::to_string(r));
+    } catch (const Error& e) {
+      return std::string("who is missing is unknown: ") + e.what();
+    }
+    const uint64_t sequence = position ? std::strtoull(position->c_str(), nullptr, 10) : 0;
+    if (position && sequence >= tag.sequence) {
+      waiting.push_back(r);
+      continue;
+    }
+    missing.push_back(r);
+    if (!lasts.empty()) lasts += "; ";
+    lasts += describeRank(r) + ": ";
+    if (position) {
+      lasts += "last entered " + position->substr(position->find(' ') + 1) + " #" +
+               std::to_string(sequence);
+    } else {
+      lasts += "entered no collective";
+    }
+  }
+  if (missing.empty()) {
+    return "every rank entered " + name + " #" + std::to_string(tag.sequence) +
+           ", but data stopped flowing (a stalled network path or a hung process?)";
+  }
+  return std::string(missing.size() == 1 ? "rank " : "ranks ") + joinRanks(missing) +
+         " never entered " + name + " #" + std::to_string(tag.sequence) + " (ranks " +
+         joinRanks(waiting) + " waiting " + formatSeconds(waited) + "; " + lasts + ")";
+}
+
+std::string Communicator::explainTimeout(const transport::MessageTag& tag, double waited,
+                                         const std::string& error) {
+  // The rank that timed out first said who was missing before it told the others; only a
+  // rank that timed out without that (an algorithm's own deadline) asks the store itself.
+  const bool explained = error.find(" never entered ") != std::string::npos ||
+                         error.find("every rank entered") != std::string::npos ||
+                         error.find("who is missing is unknown") != std::string::npos;
+  const std::string diagnosis = explained ? std::string() : diagnoseMissing(tag);
+  return "rank " + std::to_string(rank_) + ": " + describeTag(tag) + " timed out after " +
+         formatSeconds(waited) + (diagnosis.empty() ? "" : ": " + diagnosis) + " -- " + error;
+}
+
+template <typename Fn>
+void Communicator::run(const transport::MessageTag& tag, Duration timeout, Fn&& fn) {
+  if (publisher_) publisher_->entered(tag.sequence, collectiveName(tag));
+  if (shm_) shm_->setTimeout(timeout);
+  const Clock::time_point start = Clock::now();
+  collective_start_ = start;
+  auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  try {
+    transport_->checkHealthy();
+    fn(collectives::Context{*transport_, rank_, size_, config_.chunk_bytes, timeout, tag,
+                            *workspace_});
+  } catch (const PeerLostError& e) {
+    throw PeerLostError(explainLoss(tag, waited(), e.what()));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(explainTimeout(tag, waited(), e.what()));
+  }
+}
+
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
-                             ReduceOp op) {
+                             ReduceOp op, Timeout timeout) {
+  checkUsable("allreduce");
   checkTypes("allreduce", dtype, op);
   checkBuffer("allreduce", "send", send, count, dtype);
   checkBuffer("allreduce", "recv", recv, count, dtype);
-  transport_->checkHealthy();
+  const Duration deadline = timeoutFor("allreduce", timeout);
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
   if (size_ == 1) {
     last_algorithm_ = "local";
@@ -238,47 +428,52 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
     }
   }
   last_algorithm_ = collectives::name(tuned_algorithm_);
-  switch (tuned_algorithm_) {
-    case collectives::Algorithm::kShmDirect:
-      return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
-    case collectives::Algorithm::kShmReduceScatterGather:
-      return shm_->allreduceReduceScatterGather(send, recv, count, dtype, op, tag);
-    case collectives::Algorithm::kRecursiveDoubling:
-      return collectives::recursiveDoublingAllreduce(
-          makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, count,
-          dtype, op);
-    case collectives::Algorithm::kRing:
-      return collectives::ringAllreduce(
-          makeContext(*transport_, rank_, size_, config_, *workspace_, tag), send, recv, count,
-          dtype, op);
-  }
+  run(tag, deadline, [&](const collectives::Context& context) {
+    switch (tuned_algorithm_) {
+      case collectives::Algorithm::kShmDirect:
+        return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
+      case collectives::Algorithm::kShmReduceScatterGather:
+        return shm_->allreduceReduceScatterGather(send, recv, count, dtype, op, tag);
+      case collectives::Algorithm::kRecursiveDoubling:
+        return collectives::recursiveDoublingAllreduce(context, send, recv, count, dtype, op);
+      case collectives::Algorithm::kRing:
+        return collectives::ringAllreduce(context, send, recv, count, dtype, op);
+    }
+  });
 }
 
 void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
-                                 ReduceOp op) {
+                                 ReduceOp op, Timeout timeout) {
+  checkUsable("reduce_scatter");
   checkTypes("reduce_scatter", dtype, op);
   checkBuffer("reduce_scatter", "send", send, recv_count * static_cast<size_t>(size_), dtype);
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
-  transport_->checkHealthy();
+  const Duration deadline = timeoutFor("reduce_scatter", timeout);
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
-  if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
-  collectives::ringReduceScatter(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
-                                 send, recv, recv_count, dtype, op);
+  run(tag, deadline, [&](const collectives::Context& context) {
+    if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
+    collectives::ringReduceScatter(context, send, recv, recv_count, dtype, op);
+  });
 }
 
-void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype) {
+void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                             Timeout timeout) {
+  checkUsable("allgather");
   checkTypes("allgather", dtype, ReduceOp::kSum);
   checkBuffer("allgather", "send", send, send_count, dtype);
   checkBuffer("allgather", "recv", recv, send_count * static_cast<size_t>(size_), dtype);
-  transport_->checkHealthy();
+  const Duration deadline = timeoutFor("allgather", timeout);
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
-  if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
-  collectives::ringAllgather(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
-                             send, recv, send_count, dtype);
+  run(tag, deadline, [&](const collectives::Context& context) {
+    if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
+    collectives::ringAllgather(context, send, recv, send_count, dtype);
+  });
 }
 
-void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root) {
+void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                             Timeout timeout) {
+  checkUsable("broadcast");
   checkTypes("broadcast", dtype, ReduceOp::kSum);
   if (root < 0 || root >= size_) {
     throw InvalidArgument("broadcast: root " + std::to_string(root) + " is outside [0, " +
@@ -286,21 +481,33 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   }
   if (rank_ == root) checkBuffer("broadcast", "send", send, count, dtype);
   checkBuffer("broadcast", "recv", recv, count, dtype);
-  transport_->checkHealthy();
+  const Duration deadline = timeoutFor("broadcast", timeout);
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
-  if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
-  collectives::chainBroadcast(makeContext(*transport_, rank_, size_, config_, *workspace_, tag),
-                              send, recv, count, dtype, root);
+  run(tag, deadline, [&](const collectives::Context& context) {
+    if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
+    collectives::chainBroadcast(context, send, recv, count, dtype, root);
+  });
 }
 
-void Communicator::barrier() {
-  transport_->checkHealthy();
+void Communicator::barrier(Timeout timeout) {
+  checkUsable("barrier");
+  const Duration deadline = timeoutFor("barrier", timeout);
   const auto tag =
       makeTag(CollectiveKind::kBarrier, sequence_++, DataType::kUInt8, ReduceOp::kSum, 0, 0);
-  if (shm_) return shm_->barrier(tag);
-  collectives::disseminationBarrier(
-      makeContext(*transport_, rank_, size_, config_, *workspace_, tag));
+  run(tag, deadline, [&](const collectives::Context& context) {
+    if (shm_) return shm_->barrier(tag);
+    collectives::disseminationBarrier(context);
+  });
+}
+
+void Communicator::abort(const std::string& reason) {
+  checkUsable("abort");
+  aborted_ = reason.empty() ? std::string("(no reason given)") : reason;
+  const std::string message =
+      "rank " + std::to_string(rank_) + ": the application aborted the communicator: " + aborted_;
+  if (shm_) shm_->abort(ErrorKind::kGeneric, message);
+  transport_->abort(makeError(ErrorKind::kGeneric, message), true);
 }
 
 }  // namespace railshard

@@ -1,15 +1,19 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/base/clock.h"
 #include "core/base/config.h"
 #include "core/base/store.h"
 #include "core/base/types.h"
 #include "core/collectives/tuner.h"
+#include "transport/message_tag.h"
 
 namespace railshard {
 
@@ -23,6 +27,7 @@ namespace collectives {
 class Workspace;
 class ShmEngine;
 }  // namespace collectives
+class ProgressPublisher;
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
 // in the same order with matching arguments on every rank; every call is checked against the
@@ -42,7 +47,22 @@ class Communicator {
     // The cluster graph (launcher::buildClusterTopology); when set, it decides which ranks
     // share a host. Null: ranks compare host identities through the store.
     std::shared_ptr<const topology::Topology> topology;
+    // The store the ranks rendezvoused through, kept for the communicator's lifetime: ranks
+    // publish which collective they are in (so a timeout can say who never arrived), mark
+    // lost peers, and shrink() re-forms through it. Null: none of that (errors still name
+    // the peer, shrink() is an InvalidArgument).
+    std::shared_ptr<Store> store;
+    // Launch ("world") rank of each member, by rank; empty = 0..size-1. Set by shrink().
+    std::vector<int> world_ranks;
+    int generation = 0;  // how many times the group has been shrunk; set by shrink()
+    // Store namespace shared by every generation (lost marks, shrink rounds); empty =
+    // key_prefix. Set by shrink().
+    std::string key_root;
   };
+
+  // A per-call deadline that replaces Config::timeout (RAILSHARD_TIMEOUT) for one collective.
+  using Timeout = std::chrono::milliseconds;
+  static constexpr Timeout kDefaultTimeout{-1};
 
   // Connects to every peer through `store` (address exchange) and returns when the mesh is
   // up. The store must outlive this call only.
@@ -55,20 +75,49 @@ class Communicator {
   int size() const { return size_; }
   const Config& config() const { return config_; }
 
-  void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op);
-  void allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op) {
-    allreduce(buffer, buffer, count, dtype, op);
+  void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                 Timeout timeout = kDefaultTimeout);
+  void allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op,
+                 Timeout timeout = kDefaultTimeout) {
+    allreduce(buffer, buffer, count, dtype, op, timeout);
   }
   // send: size() * recv_count elements; recv: recv_count elements (block rank()).
-  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op);
+  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op,
+                     Timeout timeout = kDefaultTimeout);
   // send: send_count elements; recv: size() * send_count elements, rank r's at block r.
-  void allgather(const void* send, void* recv, size_t send_count, DataType dtype);
+  void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                 Timeout timeout = kDefaultTimeout);
   // `send` is read on the root only; every rank's `recv` receives the root's data.
-  void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root);
-  void broadcast(void* buffer, size_t count, DataType dtype, int root) {
-    broadcast(buffer, buffer, count, dtype, root);
+  void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                 Timeout timeout = kDefaultTimeout);
+  void broadcast(void* buffer, size_t count, DataType dtype, int root,
+                 Timeout timeout = kDefaultTimeout) {
+    broadcast(buffer, buffer, count, dtype, root, timeout);
   }
-  void barrier();
+  void barrier(Timeout timeout = kDefaultTimeout);
+
+  // --- failures and elastic continuation (docs/reliability.md) ---
+  //
+  // Any failure poisons the communicator on every rank: the collective in flight and every
+  // later one raise the error (PeerLostError naming the lost rank, its host, the collective
+  // and how long it waited; TimeoutError naming the ranks that never entered the collective).
+  //
+  // shrink(): collective over the survivors. Every rank that is still alive calls it (after
+  // catching the error); they agree through the store on who is left, and each gets a new
+  // communicator of the survivors, renumbered 0..n-1 in the order of their ranks here
+  // (deterministic: every survivor computes the same numbering). A rank declared lost by the
+  // others (it was stopped and resumed, say) gets PeerLostError instead. This communicator is
+  // unusable afterwards (InvalidArgument). `timeout` bounds the wait for the other survivors;
+  // default Config::timeout.
+  std::unique_ptr<Communicator> shrink(Timeout timeout = kDefaultTimeout);
+  // Fails every pending and later collective of this communicator on every rank; later calls
+  // here raise InvalidArgument naming `reason`.
+  void abort(const std::string& reason);
+  // Launch rank of each member, by rank (identity for the world communicator).
+  const std::vector<int>& worldRanks() const { return world_ranks_; }
+  int worldRank() const { return world_ranks_[static_cast<size_t>(rank_)]; }
+  // 0 for the communicator init() made, +1 per shrink().
+  int generation() const { return generation_; }
 
   // Number of collectives started so far (the sequence number of the next one).
   uint64_t sequence() const { return sequence_; }
@@ -89,6 +138,26 @@ class Communicator {
                    DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;
   void setUpSharedMemory(Store& store, const std::string& key_prefix);
+  // InvalidArgument when the communicator was shrunk or aborted.
+  void checkUsable(const char* collective) const;
+  Duration timeoutFor(const char* collective, Timeout timeout) const;
+  // Runs one collective: publishes that this rank entered it, and turns a PeerLostError or
+  // TimeoutError into one that names the collective, the lost or missing ranks and the time
+  // waited.
+  template <typename Fn>
+  void run(const transport::MessageTag& tag, Duration timeout, Fn&& fn);
+  std::string explainLoss(const transport::MessageTag& tag, double waited,
+                          const std::string& error);
+  std::string explainTimeout(const transport::MessageTag& tag, double waited,
+                             const std::string& error);
+  // "rank 3 never entered allreduce #12 (ranks 0,1,2 waiting 30.00 s; ...)", from the
+  // positions every rank published; empty without a store.
+  std::string diagnoseMissing(const transport::MessageTag& tag);
+  // "rank 3 (host node-b)", with the launch rank when it differs.
+  std::string describeRank(int rank) const;
+  std::optional<std::string> lostMark(const std::string& round, int world);
+  std::vector<int> decideSurvivors(const std::string& round, Deadline deadline,
+                                   std::string& excluded);
 
   int rank_;
   int size_;
@@ -104,6 +173,16 @@ class Communicator {
   collectives::Algorithm tuned_algorithm_{};
   uint64_t sequence_ = 0;
   std::vector<std::shared_ptr<void>> resources_;
+  std::shared_ptr<Store> store_;
+  std::vector<int> world_ranks_;
+  int generation_ = 0;
+  std::string key_prefix_;
+  std::string key_root_;
+  std::string advertise_host_;
+  std::unique_ptr<ProgressPublisher> publisher_;
+  bool shrunk_ = false;
+  Clock::time_point collective_start_{};
+  std::string aborted_;  // the reason abort() was given
 };
 
 }  // namespace railshard

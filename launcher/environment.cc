@@ -93,7 +93,10 @@ void crossCheck(const std::map<std::string, std::string>& env, const LaunchEnvir
 
 }  // namespace
 
-LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& env) {
+namespace {
+
+// Which launcher started us and what it says; see detectEnvironment().
+LaunchEnvironment detectSource(const std::map<std::string, std::string>& env) {
   LaunchEnvironment e;
   if (pair(env, "RAILSHARD_RANK", "RAILSHARD_WORLD_SIZE", "railshard")) {
     e.source = LaunchSource::kRailshard;
@@ -179,6 +182,30 @@ LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& en
     return e;
   }
   return e;  // single process
+}
+
+}  // namespace
+
+LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& env) {
+  LaunchEnvironment e = detectSource(env);
+  if (const auto* external = find(env, "RAILSHARD_STORE_EXTERNAL")) {
+    e.store_external = parseInteger("RAILSHARD_STORE_EXTERNAL", *external, 0, 1) == 1;
+  }
+  if (!e.store_external) return e;
+  // An external store is one nobody here starts: without its address (under mpirun rank 0
+  // would otherwise start one and send the address round) there is nothing to connect to.
+  if (e.size > 1 && e.store_addr.empty()) {
+    throw ConfigError(
+        "RAILSHARD_STORE_EXTERNAL=1 says the store is hosted outside the ranks, but "
+        "RAILSHARD_STORE_ADDR (its host:port) is not set");
+  }
+  if (e.store_fd >= 0) {
+    throw ConfigError(
+        "contradictory environment: RAILSHARD_STORE_EXTERNAL=1 says no rank hosts the store, "
+        "but RAILSHARD_STORE_FD hands rank " +
+        std::to_string(e.rank) + " a socket to host it on");
+  }
+  return e;
 }
 
 }  // namespace railshard::launcher

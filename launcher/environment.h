@@ -17,13 +17,18 @@ struct LaunchEnvironment {
   int local_size = 1;      // ranks on this host, when the launcher says (mpirun)
   std::string store_addr;  // host:port; empty under mpirun = exchange it through MPI
   int store_fd = -1;       // listening socket handed to rank 0 by railshard-launch
+  // RAILSHARD_STORE_EXTERNAL=1: the store at store_addr is already running, hosted outside
+  // the ranks (railshard-launch --elastic); no rank starts one.
+  bool store_external = false;
 };
 
 // Reads, in this order: RAILSHARD_RANK/WORLD_SIZE (railshard-launch or by hand); mpirun's
 // OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK (PMIX_RANK cross-checked); Slurm's
 // SLURM_PROCID/NTASKS/LOCALID; torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT.
 // None of them: a single-rank world. A partial or contradictory environment is a ConfigError
-// that says what was found and what is missing.
+// that says what was found and what is missing. RAILSHARD_STORE_EXTERNAL=1 goes with any of
+// them and needs RAILSHARD_STORE_ADDR (or torchrun's MASTER_ADDR/PORT) in a world of more
+// than one rank, and no RAILSHARD_STORE_FD.
 LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& env);
 
 // This process's environment as a map.

@@ -44,7 +44,12 @@ Bootstrap bootstrapStore() {
 
   std::shared_ptr<TcpStoreServer> server;
   std::string store_addr = launch.store_addr;
-  if (launch.source == LaunchSource::kMpirun && store_addr.empty()) {
+  if (config.store_external) {
+    // Someone outside the ranks (railshard-launch --elastic) hosts the store so that it
+    // outlives any of them: rank 0 connects like everyone else. detectEnvironment() has
+    // checked that the address is there.
+    RS_LOG_DEBUG("store {} is hosted outside the ranks (RAILSHARD_STORE_EXTERNAL)", store_addr);
+  } else if (launch.source == LaunchSource::kMpirun && store_addr.empty()) {
     // Rank 0 starts the store on a free port and MPI carries its address and a fresh token.
     const bool one_host = launch.local_size == launch.size;
     auto rendezvous = exchangeThroughMpi(launch.rank, [&] {
@@ -98,6 +103,7 @@ std::unique_ptr<Communicator> init() {
   options.size = boot.size;
   options.config = boot.config;
   options.advertise_host = boot.advertise_host;
+  options.store = boot.store;
   launcher::ClusterTopologyOptions topo;
   topo.rank = boot.rank;
   topo.size = boot.size;

@@ -8,7 +8,16 @@ namespace railshard::launcher {
 LinePrefixer::LinePrefixer(std::string prefix, size_t max_line)
     : prefix_(std::move(prefix)), max_line_(std::max<size_t>(max_line, 1)) {}
 
-void LinePrefixer::emitLine(std::string_view line, std::string& out) const {
+void LinePrefixer::remember(std::string_view line) {
+  if (!keep_last_line_) return;
+  // "\r\n" endings and trailing blanks are noise in a quoted line; blank lines are not news.
+  const size_t end = line.find_last_not_of(" \t\r\n\v\f");
+  if (end == std::string_view::npos) return;
+  last_line_.assign(line.substr(0, end + 1));
+}
+
+void LinePrefixer::emitLine(std::string_view line, std::string& out) {
+  remember(line);
   out.append(prefix_);
   out.append(line);
   out.push_back('\n');
@@ -43,6 +52,7 @@ void LinePrefixer::feed(std::string_view data, std::string& out) {
 void LinePrefixer::finish(std::string& out) {
   if (pending_.empty()) return;
   if (prefix_.empty()) {
+    remember(pending_);
     out.append(pending_);
   } else {
     emitLine(pending_, out);

@@ -26,12 +26,23 @@ class LinePrefixer {
 
   bool hasPending() const { return !pending_.empty(); }
 
+  // Remember the last line that is not blank, so that the launcher can quote a failed rank's
+  // last error line without keeping its whole output. Off by default: it costs a copy of
+  // every line, wasted on streams nobody quotes.
+  void keepLastLine(bool keep = true) { keep_last_line_ = keep; }
+  // That line without prefix, newline or trailing whitespace; empty when there was none.
+  // Counts only lines emitted so far (a pending partial line is not one yet).
+  const std::string& lastLine() const { return last_line_; }
+
  private:
-  void emitLine(std::string_view line, std::string& out) const;
+  void emitLine(std::string_view line, std::string& out);
+  void remember(std::string_view line);
 
   std::string prefix_;
   size_t max_line_;
   std::string pending_;  // the current line's bytes so far (no newline yet)
+  bool keep_last_line_ = false;
+  std::string last_line_;
 };
 
 }  // namespace railshard::launcher

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -18,6 +19,8 @@
 #include "launcher/job_token.h"
 #include "launcher/line_prefixer.h"
 #include "launcher/process_group.h"
+#include "launcher/tcp_store.h"
+#include "launcher/tcp_store_server.h"
 #include "transport/tcp/socket.h"
 
 extern char** environ;
@@ -30,8 +33,9 @@ using Clock = std::chrono::steady_clock;
 using transport::tcp::Fd;
 
 constexpr const char* kLaunchVariables[] = {
-    "RAILSHARD_RANK",       "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
-    "RAILSHARD_STORE_ADDR", "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
+    "RAILSHARD_RANK",           "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
+    "RAILSHARD_STORE_ADDR",     "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
+    "RAILSHARD_STORE_EXTERNAL",
 };
 
 // Blocks the signals the launcher waits for and delivers them through a signalfd, so that one
@@ -145,6 +149,18 @@ bool pump(Stream& stream) {
   return true;
 }
 
+// A rank just ended: what it wrote before exiting is in its pipes, but possibly not read yet
+// (poll() reported the exit first, or there was more than one read's worth). Read it now, so
+// that its output comes before the launcher's notice and its last error line is known. A
+// background process it left behind may keep writing: read a bounded amount.
+void catchUp(Stream& stream) {
+  for (int reads = 0; stream.fd.valid() && reads < 64; ++reads) {
+    pollfd p{stream.fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+    pump(stream);
+  }
+}
+
 // After every rank has been reaped its output is complete in the pipe, but a background
 // process it left behind may still hold the pipe open: read what is there and stop.
 void drain(Stream& stream) {
@@ -197,25 +213,78 @@ std::string plural(size_t count, const std::string& noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
+std::string thisHostName() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// A rank's line quoted in a notice: one screen line at most, cut at a character boundary.
+std::string quoteLine(const std::string& line) {
+  constexpr size_t kMaxQuoted = 300;
+  size_t cut = line.size();
+  if (cut > kMaxQuoted) {
+    cut = kMaxQuoted;
+    while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+  }
+  // Built by append: GCC 12 warns (-Wrestrict, falsely) about "\"" + std::string here.
+  std::string quoted;
+  quoted.reserve(cut + 5);
+  quoted.push_back('"');
+  quoted.append(line, 0, cut);
+  if (cut < line.size()) quoted.append("...");
+  quoted.push_back('"');
+  return quoted;
+}
+
 // The supervision state machine; see runLocalJob().
 class Supervisor {
  public:
-  Supervisor(const LocalJobOptions& options, ProcessGroup& ranks)
-      : options_(options), ranks_(ranks) {}
+  Supervisor(const LocalJobOptions& options, ProcessGroup& ranks, std::string host_name)
+      : options_(options), ranks_(ranks), host_name_(std::move(host_name)) {}
 
-  void onRankEnded(size_t rank) {
+  // In elastic mode, where failures are marked: the launcher's own store.
+  void setStore(std::string addr, std::string token) {
+    store_addr_ = std::move(addr);
+    store_token_ = std::move(token);
+  }
+
+  // `last_error_line`: the last non-blank line the rank wrote to stderr.
+  void onRankEnded(size_t rank, const std::string& last_error_line) {
     const ExitStatus& status = *ranks_.status(rank);
-    // Only the first failure is news; ranks failing while being stopped are its echo.
-    if (status.success() || stopping_) return;
-    exit_status_ = status.shellStatus();
-    std::string line = "rank " + std::to_string(rank) + " (pid " +
-                       std::to_string(ranks_.pid(rank)) + ") " + status.describe();
-    const size_t others = ranks_.runningCount();
-    if (others > 0) {
-      line += others == 1 ? "; stopping the other rank"
-                          : "; stopping the other " + std::to_string(others) + " ranks";
+    if (status.success()) {
+      ++successes_;
+      return;
     }
-    notice(line);
+    // Ranks failing while being stopped are the echo of what stopped them, not news.
+    if (stopping_) return;
+    ++failures_;
+    if (failures_ == 1) first_failure_status_ = status.shellStatus();
+    const std::string how = describeEnding(status.code, status.signal);
+    notice("rank " + std::to_string(rank) + " on host " + host_name_ + " failed" +
+           (failures_ == 1 ? " first" : "") + ": " + how + "; " +
+           (last_error_line.empty() ? "it wrote nothing to stderr"
+                                    : "its last error line: " + quoteLine(last_error_line)));
+    if (options_.elastic) markLost(rank, how);
+
+    const size_t others = ranks_.runningCount();
+    const std::string count =
+        "failure " + std::to_string(failures_) + " of " + std::to_string(options_.max_failures);
+    if (options_.elastic && failures_ <= options_.max_failures) {
+      notice(others > 0 ? "continuing with " + plural(others, "rank") + " (elastic, " + count + ")"
+                        : "no rank left to continue with (elastic, " + count + ")");
+      return;
+    }
+    exit_status_ = first_failure_status_;
+    if (others > 0) {
+      std::string line = others == 1 ? "stopping the other rank"
+                                     : "stopping the other " + std::to_string(others) + " ranks";
+      if (options_.elastic) {
+        line += " (elastic: failure " + std::to_string(failures_) +
+                " is more than --max-failures " + std::to_string(options_.max_failures) + ")";
+      }
+      notice(line);
+    }
     stop(SIGTERM);
   }
 
@@ -251,7 +320,12 @@ class Supervisor {
     return static_cast<int>(std::clamp<long long>(left.count(), 0, kMaxSleepMs));
   }
 
-  int exitStatus() const { return exit_status_; }
+  int exitStatus() const {
+    if (stopping_) return exit_status_;
+    // Elastic and within the allowance: fine, as long as some rank got to the end.
+    if (failures_ > 0 && successes_ == 0) return first_failure_status_;
+    return exit_status_;
+  }
 
  private:
   static const char* sigabbrev(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
@@ -271,19 +345,42 @@ class Supervisor {
     ranks_.signalRunning(SIGKILL);
   }
 
+  // The survivors' shrink() reads these to agree sooner on who is gone. A failure here costs
+  // them only that shortcut (they still find out by timeout), so it is a notice, not an end.
+  void markLost(size_t rank, const std::string& how) {
+    constexpr auto kTimeout = std::chrono::seconds(5);
+    const std::string key = kLostRankKeyPrefix + std::to_string(rank);
+    try {
+      // Connected on first use: most elastic jobs never lose a rank.
+      if (!store_) store_ = std::make_unique<TcpStore>(store_addr_, store_token_, kTimeout);
+      store_->set(key, Store::Bytes(how.begin(), how.end()), kTimeout);
+    } catch (const std::exception& error) {
+      notice("cannot mark rank " + std::to_string(rank) + " as lost in the store (" + key +
+             "): " + error.what());
+    }
+  }
+
   const LocalJobOptions& options_;
   ProcessGroup& ranks_;
+  const std::string host_name_;
+  std::string store_addr_;
+  std::string store_token_;
+  std::unique_ptr<TcpStore> store_;
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_at_{};
   int exit_status_ = 0;
+  int first_failure_status_ = 0;
+  int failures_ = 0;
+  size_t successes_ = 0;
 };
 
 }  // namespace
 
 std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, int rank,
                                          int world_size, const std::string& store_addr,
-                                         const std::string& token, int store_fd) {
+                                         const std::string& token, int store_fd,
+                                         bool store_external) {
   std::vector<std::string> env;
   env.reserve(base.size() + 6);
   for (const auto& entry : base) {
@@ -300,7 +397,16 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, i
   env.push_back("RAILSHARD_STORE_ADDR=" + store_addr);
   env.push_back("RAILSHARD_TOKEN=" + token);
   if (store_fd >= 0) env.push_back("RAILSHARD_STORE_FD=" + std::to_string(store_fd));
+  if (store_external) env.push_back("RAILSHARD_STORE_EXTERNAL=1");
   return env;
+}
+
+std::string describeEnding(int exit_code, int signal) {
+  if (signal == 0) return "exited with status " + std::to_string(exit_code);
+  // "SIGKILL" is what people type and grep for; strsignal's "Killed" is not.
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev != nullptr ? std::string("killed by SIG") + abbrev
+                           : "killed by signal " + std::to_string(signal);
 }
 
 int runLocalJob(const LocalJobOptions& options) {
@@ -309,6 +415,10 @@ int runLocalJob(const LocalJobOptions& options) {
                           std::to_string(options.world_size));
   }
   if (options.command.empty()) throw InvalidArgument("no program to run");
+  if (options.elastic && options.max_failures < 0) {
+    throw InvalidArgument("max_failures must not be negative, got " +
+                          std::to_string(options.max_failures));
+  }
 
   const std::string token = options.token.empty() ? makeJobToken() : options.token;
   Fd listener = listenForStore(options.store_host, options.store_port);
@@ -332,23 +442,38 @@ int runLocalJob(const LocalJobOptions& options) {
   for (int rank = 0; rank < options.world_size; ++rank) {
     ChildSpec spec;
     spec.argv = options.command;
+    // Elastic: the launcher hosts the store, so no rank gets the socket.
+    const bool gets_socket = rank == 0 && !options.elastic;
     spec.env = rankEnvironment(base_env, rank, options.world_size, store_addr, token,
-                               rank == 0 ? listener.get() : -1);
+                               gets_socket ? listener.get() : -1, options.elastic);
     // Rank 0 reads the launcher's stdin, unless that is a terminal: ranks are not in the
     // terminal's foreground group, and reading it would stop them (SIGTTIN).
     spec.stdin_fd = (rank == 0 && ::isatty(STDIN_FILENO) == 0) ? STDIN_FILENO : -1;
-    spec.inherited_fd = rank == 0 ? listener.get() : -1;
+    spec.inherited_fd = gets_socket ? listener.get() : -1;
     ProcessGroup::Pipes pipes = ranks.spawn(spec);
     std::string prefix;
     if (options.prefix_output) prefix.append("[").append(std::to_string(rank)).append("] ");
     streams.push_back(Stream{std::move(pipes.out), LinePrefixer(prefix), &out});
     streams.push_back(Stream{std::move(pipes.err), LinePrefixer(prefix), &err});
+    streams.back().prefixer.keepLastLine();
   }
-  // Rank 0 owns the store socket now; a copy here would keep accepting connections (into a
-  // backlog nobody reads) after rank 0 died, instead of refusing them.
-  listener.reset();
+  Supervisor supervisor(options, ranks,
+                        options.host_name.empty() ? thisHostName() : options.host_name);
+  // Elastic: started only now, so that no fork happens while its thread runs (a child could
+  // inherit a lock that thread held) and so that the thread inherits the blocked signals,
+  // which must reach the signalfd above rather than kill the launcher. Ranks that connected
+  // before are in the socket's backlog. Declared after `ranks`: on an exception the store
+  // goes first, then the ranks are killed.
+  std::unique_ptr<TcpStoreServer> store_server;
+  if (options.elastic) {
+    store_server = TcpStoreServer::adopt(listener.release(), token);
+    supervisor.setStore(store_addr, token);
+  } else {
+    // Rank 0 owns the store socket now; a copy here would keep accepting connections (into a
+    // backlog nobody reads) after rank 0 died, instead of refusing them.
+    listener.reset();
+  }
 
-  Supervisor supervisor(options, ranks);
   std::vector<pollfd> fds;
   std::vector<Stream*> polled;
   while (ranks.runningCount() > 0) {
@@ -374,7 +499,13 @@ int runLocalJob(const LocalJobOptions& options) {
       }
     }
     if (child_ended) {
-      for (const size_t rank : ranks.reap()) supervisor.onRankEnded(rank);
+      for (const size_t rank : ranks.reap()) {
+        Stream& out_stream = streams[2 * rank];
+        Stream& err_stream = streams[2 * rank + 1];
+        catchUp(out_stream);
+        catchUp(err_stream);
+        supervisor.onRankEnded(rank, err_stream.prefixer.lastLine());
+      }
     }
     supervisor.onTick();
   }

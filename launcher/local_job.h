@@ -22,17 +22,32 @@ struct LocalJobOptions {
   std::string token;          // RAILSHARD_TOKEN for every rank; empty: a fresh random one
   int stdout_fd = 1;          // where the ranks' stdout and stderr lines go
   int stderr_fd = 2;
+  // Elastic mode: up to `max_failures` ranks may fail (non-zero status or a signal) while the
+  // others carry on; the failure after that stops the job as in normal mode. The launcher
+  // then hosts the rendezvous store itself, so that it outlives any rank, tells every rank so
+  // (RAILSHARD_STORE_EXTERNAL=1, no RAILSHARD_STORE_FD), and marks each failed rank in it:
+  // key kLostRankKeyPrefix + "<rank>", value how it ended ("exited with status 3").
+  bool elastic = false;
+  int max_failures = 1;
+  // Named in the failure line; empty: this machine's host name.
+  std::string host_name;
   // Called with one line (no newline) for each thing the user should know: a rank failed, a
   // signal was forwarded, ranks had to be killed.
   std::function<void(const std::string& line)> notice;
 };
 
+// Where an elastic job marks a failed rank in the store (see LocalJobOptions::elastic).
+inline constexpr const char* kLostRankKeyPrefix = "railshard/lost/";
+
 // Starts the ranks, forwards their output line by line, and supervises them: the first rank
-// that fails (non-zero status or a signal) has the others stopped with SIGTERM, then SIGKILL
-// after the grace period; SIGINT and SIGTERM to this process are forwarded to every rank the
-// same way (a second one kills at once). Returns the status the launcher should exit with:
-// 0 when every rank exited 0, the failed rank's status (128 + signal when it was killed), or
-// 128 + signal when this process was told to stop.
+// that fails (non-zero status or a signal) is reported in one line (rank, host, how it ended,
+// its last non-blank stderr line) and has the others stopped with SIGTERM, then SIGKILL after
+// the grace period; in elastic mode that happens only at failure max_failures + 1. SIGINT and
+// SIGTERM to this process are forwarded to every rank the same way (a second one kills at
+// once). Returns the status the launcher should exit with: 0 when every rank exited 0 (elastic:
+// when at most max_failures ranks failed and at least one rank exited 0), else the first
+// failed rank's status (128 + signal when it was killed), or 128 + signal when this process
+// was told to stop.
 //
 // Blocks SIGINT, SIGTERM, SIGCHLD and SIGPIPE while it runs (the previous mask comes back on
 // return), so call it from the main thread of a single-threaded program such as the launcher.
@@ -42,10 +57,15 @@ int runLocalJob(const LocalJobOptions& options);
 
 // The environment of one rank: `base` without any RAILSHARD_* launch variables it carries
 // (from an enclosing job, say), plus RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,
-// RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR, RAILSHARD_TOKEN and, when store_fd >= 0,
-// RAILSHARD_STORE_FD.
+// RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR, RAILSHARD_TOKEN, RAILSHARD_STORE_FD when
+// store_fd >= 0 and RAILSHARD_STORE_EXTERNAL=1 when store_external.
 std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, int rank,
                                          int world_size, const std::string& store_addr,
-                                         const std::string& token, int store_fd);
+                                         const std::string& token, int store_fd,
+                                         bool store_external = false);
+
+// How a rank ended, for the failure line and the lost mark: "exited with status 3",
+// "killed by SIGKILL".
+std::string describeEnding(int exit_code, int signal);
 
 }  // namespace railshard::launcher

@@ -107,5 +107,37 @@ TEST(Environment, PartialAndContradictoryEnvironmentsAreConfigErrors) {
   EXPECT_NE(configErrorOf({{"PMIX_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE"), std::string::npos);
 }
 
+TEST(Environment, ExternalStoreNeedsOnlyItsAddress) {
+  const auto e = detectEnvironment({{"RAILSHARD_RANK", "0"},
+                                    {"RAILSHARD_WORLD_SIZE", "3"},
+                                    {"RAILSHARD_STORE_ADDR", "127.0.0.1:29500"},
+                                    {"RAILSHARD_STORE_EXTERNAL", "1"}});
+  EXPECT_TRUE(e.store_external);
+  EXPECT_EQ(e.store_addr, "127.0.0.1:29500");
+  EXPECT_EQ(e.store_fd, -1);
+  EXPECT_FALSE(detectEnvironment({{"RAILSHARD_STORE_EXTERNAL", "0"}}).store_external);
+  // Under mpirun an external store is one MPI need not announce.
+  EXPECT_TRUE(detectEnvironment({{"OMPI_COMM_WORLD_RANK", "0"},
+                                 {"OMPI_COMM_WORLD_SIZE", "2"},
+                                 {"RAILSHARD_STORE_ADDR", "10.0.0.1:1"},
+                                 {"RAILSHARD_STORE_EXTERNAL", "1"}})
+                  .store_external);
+}
+
+TEST(Environment, ExternalStoreWithoutAddressOrWithASocketIsAConfigError) {
+  const auto no_addr = configErrorOf({{"OMPI_COMM_WORLD_RANK", "0"},
+                                      {"OMPI_COMM_WORLD_SIZE", "2"},
+                                      {"RAILSHARD_STORE_EXTERNAL", "1"}});
+  EXPECT_NE(no_addr.find("RAILSHARD_STORE_ADDR"), std::string::npos) << no_addr;
+  const auto with_fd = configErrorOf({{"RAILSHARD_RANK", "0"},
+                                      {"RAILSHARD_WORLD_SIZE", "2"},
+                                      {"RAILSHARD_STORE_ADDR", "127.0.0.1:1"},
+                                      {"RAILSHARD_STORE_FD", "5"},
+                                      {"RAILSHARD_STORE_EXTERNAL", "1"}});
+  EXPECT_NE(with_fd.find("RAILSHARD_STORE_FD"), std::string::npos) << with_fd;
+  EXPECT_NE(configErrorOf({{"RAILSHARD_STORE_EXTERNAL", "yes"}}).find("RAILSHARD_STORE_EXTERNAL"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace railshard::launcher

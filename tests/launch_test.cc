@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -104,6 +105,27 @@ bool isHexToken(const std::string& token) {
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string hostName() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The one line railshard-launch prints for the first failure, as a regex.
+std::string failureLine(int rank, const std::string& how, const std::string& rest,
+                        bool first = true) {
+  return "railshard-launch: rank " + std::to_string(rank) + " on host " + hostName() +
+         (first ? " failed first: " : " failed: ") + how + "; " + rest + "\n";
+}
+
+size_t countOf(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
 }
 
 std::string describe(const ProcessResult& r) {
@@ -272,19 +294,159 @@ TEST(LaunchTest, FailingRankStopsTheOthers) {
       shellJob(4, "if [ $RAILSHARD_RANK = 2 ]; then exit 3; fi; exec sleep 30", {"--grace", "5"}));
   EXPECT_LT(secondsSince(start), 4.0) << "the sleeping ranks should go on SIGTERM";
   EXPECT_EQ(r.exit_code, 3) << describe(r);
-  EXPECT_TRUE(std::regex_search(
-      r.err, std::regex(R"(railshard-launch: rank 2 \(pid \d+\) exited with status 3; )"
-                        R"(stopping the other 3 ranks\n)")))
+  EXPECT_NE(r.err.find(failureLine(2, "exited with status 3", "it wrote nothing to stderr") +
+                       "railshard-launch: stopping the other 3 ranks\n"),
+            std::string::npos)
       << describe(r);
+}
+
+TEST(LaunchTest, FirstFailureLineQuotesTheLastErrorLineOfTheRank) {
+  const ProcessResult r =
+      launch(shellJob(3,
+                      "if [ $RAILSHARD_RANK = 2 ]; then echo 'earlier trouble' >&2; "
+                      "echo 'rank 2 exiting on purpose at iteration 5' >&2; printf '  \\n\\n' >&2; "
+                      "echo 'on stdout, not quoted'; exit 3; fi; exec sleep 30"));
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  // The rank's own lines come first, then exactly one failure line.
+  const std::string line =
+      failureLine(2, "exited with status 3",
+                  "its last error line: \"rank 2 exiting on purpose at iteration 5\"");
+  const size_t at = r.err.find(line);
+  ASSERT_NE(at, std::string::npos) << describe(r);
+  EXPECT_LT(r.err.find("[2] rank 2 exiting on purpose at iteration 5\n"), at) << describe(r);
+  EXPECT_EQ(countOf(r.err, " failed"), 1u) << describe(r);
+}
+
+TEST(LaunchTest, FirstFailureLineNamesTheSignalThatKilledTheRank) {
+  // The rank is sent SIGKILL by pid; the others then die of the SIGTERM that stops them,
+  // which must not be reported as failures of their own.
+  const ProcessResult r = launch(
+      shellJob(3,
+               "if [ $RAILSHARD_RANK = 1 ]; then echo \"rank 1 is pid $$\" >&2; kill -KILL $$; fi; "
+               "exec sleep 30"));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex(failureLine(1, "killed by SIGKILL",
+                                    R"(its last error line: "rank 1 is pid \d+")") +
+                        "railshard-launch: stopping the other 2 ranks\n")))
+      << describe(r);
+  EXPECT_EQ(countOf(r.err, " failed"), 1u) << describe(r);
+}
+
+TEST(LaunchTest, FailureLineWithoutPrefixStillQuotesTheRank) {
+  const ProcessResult r =
+      launch(shellJob(1, "printf 'no newline at the end' >&2; exit 7", {"--no-prefix"}));
+  EXPECT_EQ(r.exit_code, 7) << describe(r);
+  EXPECT_NE(r.err.find(failureLine(0, "exited with status 7",
+                                   "its last error line: \"no newline at the end\"")),
+            std::string::npos)
+      << describe(r);
+}
+
+// --elastic and --max-failures.
+
+TEST(LaunchTest, ElasticSurvivorsCarryOnAndTheJobSucceeds) {
+  const auto start = Clock::now();
+  const ProcessResult r = launch(shellJob(4,
+                                          "if [ $RAILSHARD_RANK = 2 ]; then "
+                                          "echo 'rank 2 exiting on purpose' >&2; exit 3; fi; "
+                                          "sleep 1.5; echo \"finished $RAILSHARD_STORE_EXTERNAL\"",
+                                          {"--elastic"}));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_GE(secondsSince(start), 1.4) << "survivors must not be stopped";
+  EXPECT_NE(r.err.find(failureLine(2, "exited with status 3",
+                                   "its last error line: \"rank 2 exiting on purpose\"") +
+                       "railshard-launch: continuing with 3 ranks (elastic, failure 1 of 1)\n"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_EQ(r.err.find("stopping"), std::string::npos) << describe(r);
+  const auto out = byRank(r.out);
+  for (const int rank : {0, 1, 3}) {
+    ASSERT_EQ(out.count(rank), 1u) << "rank " << rank << " did not finish\n" << describe(r);
+    EXPECT_EQ(out.at(rank), (std::vector<std::string>{"finished 1"})) << describe(r);
+  }
+}
+
+TEST(LaunchTest, ElasticFailureBeyondMaxFailuresStopsTheJob) {
+  const auto start = Clock::now();
+  const ProcessResult r = launch(shellJob(4,
+                                          "case $RAILSHARD_RANK in 1) exit 3;; "
+                                          "2) sleep 0.5; echo 'second one' >&2; exit 4;; esac; "
+                                          "exec sleep 30",
+                                          {"--max-failures", "1", "--grace", "5"}));
+  EXPECT_LT(secondsSince(start), 5.0) << "the sleeping ranks should go on SIGTERM";
+  EXPECT_EQ(r.exit_code, 3) << "the first failure's status\n" << describe(r);
+  EXPECT_NE(r.err.find(failureLine(1, "exited with status 3", "it wrote nothing to stderr") +
+                       "railshard-launch: continuing with 3 ranks (elastic, failure 1 of 1)\n"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find(failureLine(2, "exited with status 4", "its last error line: \"second one\"",
+                                   false) +
+                       "railshard-launch: stopping the other 2 ranks (elastic: failure 2 is more "
+                       "than --max-failures 1)\n"),
+            std::string::npos)
+      << describe(r);
+}
+
+TEST(LaunchTest, ElasticToleratesUpToMaxFailures) {
+  const ProcessResult r = launch(shellJob(3,
+                                          "case $RAILSHARD_RANK in 0) exit 3;; "
+                                          "1) sleep 0.3; kill -KILL $$;; esac; "
+                                          "sleep 1.5; echo finished",
+                                          {"--elastic", "--max-failures", "2"}));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("continuing with 2 ranks (elastic, failure 1 of 2)"), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find(failureLine(1, "killed by SIGKILL", "it wrote nothing to stderr", false) +
+                       "railshard-launch: continuing with 1 rank (elastic, failure 2 of 2)\n"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_EQ(byRank(r.out)[2], (std::vector<std::string>{"finished"})) << describe(r);
+}
+
+TEST(LaunchTest, ElasticJobInWhichNoRankSucceedsFails) {
+  const ProcessResult r =
+      launch(shellJob(2, "if [ $RAILSHARD_RANK = 1 ]; then sleep 0.3; exit 6; fi; exit 5",
+                      {"--max-failures", "3"}));
+  EXPECT_EQ(r.exit_code, 5) << describe(r);
+  EXPECT_NE(r.err.find("no rank left to continue with (elastic, failure 2 of 3)"),
+            std::string::npos)
+      << describe(r);
+}
+
+TEST(LaunchTest, ElasticRanksGetTheStoreAddressButNoSocket) {
+  if (!haveProbe()) GTEST_SKIP() << "build the launch_probe target first: " << kProbe;
+  const ProcessResult r = launch({"-n", "2", "--elastic", kProbe});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const auto ranks = byRank(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << describe(r);
+  EXPECT_EQ(ranks.at(0).at(0), "rank=0 store_fd=none listening=none") << describe(r);
+  EXPECT_EQ(ranks.at(1).at(0), "rank=1 store_fd=none listening=none") << describe(r);
+}
+
+TEST(LaunchTest, ElasticLauncherMarksTheLostRankInItsStore) {
+  if (!haveProbe()) GTEST_SKIP() << "build the launch_probe target first: " << kProbe;
+  const ProcessResult r = launch({"-n", "3", "--elastic", kProbe, "lost-mark", "1"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find(failureLine(1, "exited with status 3",
+                                   "its last error line: \"rank 1 giving up on purpose\"")),
+            std::string::npos)
+      << describe(r);
+  const auto ranks = byRank(r.out);
+  for (const int rank : {0, 2}) {
+    ASSERT_EQ(ranks.count(rank), 1u) << describe(r);
+    EXPECT_EQ(ranks.at(rank), (std::vector<std::string>{"lost 1: exited with status 3"}))
+        << describe(r);
+  }
 }
 
 TEST(LaunchTest, RankKilledBySignalIsNamedWithTheSignal) {
   const ProcessResult r =
       launch(shellJob(3, "if [ $RAILSHARD_RANK = 1 ]; then kill -KILL $$; fi; exec sleep 30"));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
-  EXPECT_TRUE(std::regex_search(
-      r.err, std::regex(R"(rank 1 \(pid \d+\) was killed by signal 9 \(Killed\); )"
-                        R"(stopping the other 2 ranks)")))
+  EXPECT_NE(r.err.find(failureLine(1, "killed by SIGKILL", "it wrote nothing to stderr") +
+                       "railshard-launch: stopping the other 2 ranks\n"),
+            std::string::npos)
       << describe(r);
 }
 
@@ -380,6 +542,10 @@ TEST(LaunchTest, UsageErrorsExitTwoNamingTheProblem) {
       {{"-n", "1", "--grace", "soon", "/bin/true"}, "--grace expects a number of seconds"},
       {{"-n", "1", "--store-port", "70000", "/bin/true"}, "--store-port"},
       {{"-n", "1", "--no-prefix=yes", "/bin/true"}, "option --no-prefix takes no value"},
+      {{"-n", "1", "--elastic=yes", "/bin/true"}, "option --elastic takes no value"},
+      {{"-n", "2", "--max-failures", "-1", "/bin/true"}, "--max-failures"},
+      {{"-n", "2", "--max-failures", "many", "/bin/true"}, "--max-failures"},
+      {{"-n", "2", "--max-failures"}, "option --max-failures needs a value"},
   };
   for (const auto& c : cases) {
     const ProcessResult r = launch(c.args, kNoToken, 5s);
@@ -396,7 +562,8 @@ TEST(LaunchTest, HelpAndVersion) {
   const ProcessResult help = launch({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("usage: railshard-launch -n N"), std::string::npos) << help.out;
-  for (const char* option : {"--store-host", "--store-port", "--grace", "--no-prefix"}) {
+  for (const char* option : {"--store-host", "--store-port", "--grace", "--no-prefix", "--elastic",
+                             "--max-failures", "railshard/lost/"}) {
     EXPECT_NE(help.out.find(option), std::string::npos) << option;
   }
   const ProcessResult version = launch({"--version"});
@@ -435,6 +602,36 @@ TEST(LinePrefixerTest, CutsOverlongLinesAndPassesThroughWithoutPrefix) {
   EXPECT_EQ(raw, "x\ny");
 }
 
+TEST(LinePrefixerTest, RemembersTheLastNonBlankLineWhenAsked) {
+  railshard::launcher::LinePrefixer quiet("[1] ");
+  std::string out;
+  quiet.feed("x\n", out);
+  EXPECT_EQ(quiet.lastLine(), "") << "off unless asked";
+
+  railshard::launcher::LinePrefixer prefixer("[1] ");
+  prefixer.keepLastLine();
+  prefixer.feed("first\nsec", out);
+  EXPECT_EQ(prefixer.lastLine(), "first");
+  prefixer.feed("ond \r\n\n   \n", out);
+  EXPECT_EQ(prefixer.lastLine(), "second") << "without blank lines, trailing blanks or prefix";
+  prefixer.feed("partial", out);
+  EXPECT_EQ(prefixer.lastLine(), "second");
+  prefixer.finish(out);
+  EXPECT_EQ(prefixer.lastLine(), "partial");
+
+  railshard::launcher::LinePrefixer plain("");
+  plain.keepLastLine();
+  plain.feed("a\nb", out);
+  plain.finish(out);
+  EXPECT_EQ(plain.lastLine(), "b");
+}
+
+TEST(DescribeEndingTest, StatusOrSignalName) {
+  EXPECT_EQ(railshard::launcher::describeEnding(3, 0), "exited with status 3");
+  EXPECT_EQ(railshard::launcher::describeEnding(0, SIGKILL), "killed by SIGKILL");
+  EXPECT_EQ(railshard::launcher::describeEnding(0, SIGSEGV), "killed by SIGSEGV");
+}
+
 TEST(JobTokenTest, ThirtyTwoHexDigitsAndFresh) {
   const std::string a = railshard::launcher::makeJobToken();
   const std::string b = railshard::launcher::makeJobToken();
@@ -452,6 +649,17 @@ TEST(RankEnvironmentTest, ReplacesLaunchVariablesAndKeepsTheRest) {
                                            "RAILSHARD_TOKEN=tok"}));
   const auto rank0 = railshard::launcher::rankEnvironment({}, 0, 2, "127.0.0.1:5000", "tok", 7);
   EXPECT_EQ(rank0.back(), "RAILSHARD_STORE_FD=7");
+}
+
+TEST(RankEnvironmentTest, ElasticRanksAreToldTheStoreIsExternal) {
+  const auto env = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"}, 0, 2,
+                                                        "127.0.0.1:5000", "tok", -1, true);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "RAILSHARD_STORE_EXTERNAL=1"), 1);
+  EXPECT_EQ(env.back(), "RAILSHARD_STORE_EXTERNAL=1");
+  const auto plain = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"}, 0, 2,
+                                                          "127.0.0.1:5000", "tok", 7);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), "RAILSHARD_STORE_EXTERNAL=1"), 0)
+      << "an enclosing job's setting must not leak into a normal one";
 }
 
 }  // namespace

@@ -35,6 +35,13 @@ struct RailStatus {
   std::string down_reason;  // why it is out, when !up
 };
 
+// A peer this rank no longer counts on: its connection ended without a goodbye, it fell
+// silent past the heartbeat timeout, or another rank reported it lost.
+struct LostPeer {
+  int rank = -1;
+  std::string reason;
+};
+
 // Point-to-point messaging between the ranks of one communicator. Messages between a pair of
 // ranks are matched in the order they are posted (FIFO per direction), which is all the
 // deterministic collective algorithms need. Every blocking call has a deadline. After any
@@ -65,6 +72,15 @@ class Transport {
   // Every connection to every peer with its rail scheduler state; empty for transports
   // without rails.
   virtual std::vector<RailStatus> rails() const { return {}; }
+
+  // Called when a wait times out, before the error is raised and sent to the peers: says
+  // who is missing from the collective of `tag` (the layer that knows who entered what).
+  virtual void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) {
+    (void)explain;
+  }
+
+  // The peers found or reported lost so far, first one first.
+  virtual std::vector<LostPeer> lostPeers() const { return {}; }
 };
 
 }  // namespace railshard::transport

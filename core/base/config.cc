@@ -100,6 +100,20 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.connect_timeout = toMillis(parseSeconds("RAILSHARD_CONNECT_TIMEOUT", v));
        }},
+      {"RAILSHARD_HEARTBEAT_TIMEOUT", "10",
+       "Seconds a peer may stay silent (no data, no heartbeat) before it is declared lost with "
+       "PeerLostError: catches stopped processes and stuck hosts, which keep their connections "
+       "open. Heartbeats go out every fifth of this. 0 disables it.",
+       [](Config& c, const std::string& v) {
+         if (v == "0") {
+           c.heartbeat_timeout = std::chrono::milliseconds(0);
+           return;
+         }
+         c.heartbeat_timeout = toMillis(parseSeconds("RAILSHARD_HEARTBEAT_TIMEOUT", v));
+         if (c.heartbeat_timeout.count() < 100) {
+           throw ConfigError("RAILSHARD_HEARTBEAT_TIMEOUT='" + v + "' must be 0 or at least 0.1 s");
+         }
+       }},
       {"RAILSHARD_CHUNK_BYTES", "1M",
        "Pipeline chunk of the ring algorithms (suffix K, M or G allowed).",
        [](Config& c, const std::string& v) {
@@ -112,6 +126,12 @@ const std::vector<Config::Variable>& Config::variables() {
       {"RAILSHARD_STORE_ADDR", "(set by the launcher)",
        "host:port of the rendezvous store. Rank 0 hosts it there; the other ranks connect.",
        [](Config& c, const std::string& v) { c.store_addr = v; }},
+      {"RAILSHARD_STORE_EXTERNAL", "0",
+       "1: the store at RAILSHARD_STORE_ADDR is already running (railshard-launch --elastic "
+       "hosts it so that it outlives any rank); rank 0 does not start one.",
+       [](Config& c, const std::string& v) {
+         c.store_external = parseInteger("RAILSHARD_STORE_EXTERNAL", v, 0, 1) == 1;
+       }},
       {"RAILSHARD_TRANSPORT", "auto",
        "Transport between ranks: auto (shared memory when every rank is on this host, else "
        "TCP), tcp, or shm (an error unless every rank is on one host).",
@@ -247,6 +267,7 @@ std::string Config::describe() const {
   std::ostringstream out;
   out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
+      << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << transport << " algorithm=" << algorithm
       << " shm_slot_bytes=" << shm_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)

@@ -15,9 +15,13 @@ struct Config {
   std::string log_level = "warn";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // RAILSHARD_HEARTBEAT_TIMEOUT: a peer heard nothing from for this long is declared lost
+  // (a stopped process, a stuck host); 0 disables the heartbeat.
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   size_t chunk_bytes = size_t{1} << 20;
   std::string token;               // job token; empty only for in-process (thread) communicators
   std::string store_addr;          // host:port of the rendezvous store
+  bool store_external = false;     // RAILSHARD_STORE_EXTERNAL: no rank hosts the store
   std::string transport = "auto";  // auto | tcp | shm
   std::string algorithm = "auto";  // RAILSHARD_ALGO: auto or a name from the tuner
   size_t shm_slot_bytes = 0;       // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)

@@ -147,13 +147,22 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
     const auto now = Clock::now();
     if (now >= next_liveness || segment_->control(peer).left.load() != 0) {
       checkPeerAlive(peer, what);
+      if (health_check_) {
+        try {
+          health_check_();
+        } catch (const Error& e) {
+          abort(kindOf(e), e.what());
+          throwAborted();
+        }
+      }
       next_liveness = now + kLivenessPeriod;
     }
     if (now >= deadline) {
-      const std::string message =
+      std::string message =
           "rank " + std::to_string(rank_) + ": " + describeTag(tag_) + " timed out after " +
           std::to_string(std::chrono::duration<double>(now - start).count()) +
           " s waiting for rank " + std::to_string(peer) + "'s " + what + " (RAILSHARD_TIMEOUT)";
+      if (timeout_explainer_) message += ": " + timeout_explainer_(tag_);
       abort(ErrorKind::kTimeout, message);
       throwAborted();
     }

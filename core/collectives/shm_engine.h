@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/base/clock.h"
@@ -46,6 +47,16 @@ class ShmEngine {
   void barrier(const transport::MessageTag& tag);
 
   size_t slotBytes() const { return segment_->slotBytes(); }
+  // Deadline of every wait from now on (a per-call override of Config::timeout).
+  void setTimeout(Duration timeout) { timeout_ = timeout; }
+  // Called while a wait sleeps (every 100 ms); throws when the ranks' other channel (the TCP
+  // transport, with its heartbeat) has found a peer lost. The error then aborts the segment
+  // so that every rank on the host wakes with it.
+  void setHealthCheck(std::function<void()> check) { health_check_ = std::move(check); }
+  // Says who is missing when a wait times out (see Transport::setTimeoutExplainer).
+  void setTimeoutExplainer(std::function<std::string(const transport::MessageTag&)> explain) {
+    timeout_explainer_ = std::move(explain);
+  }
   // Makes every rank's current and next wait fail with this error.
   void abort(ErrorKind kind, const std::string& message);
 
@@ -69,6 +80,8 @@ class ShmEngine {
   transport::MessageTag tag_;  // collective of the current step
   bool oversubscribed_ = false;
   Duration spin_time_;
+  std::function<void()> health_check_;
+  std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };
 
 }  // namespace railshard::collectives

@@ -34,7 +34,12 @@ constexpr const char* kHelp =
     "\n"
     "Starts N ranks of PROGRAM on this host, each with RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,\n"
     "RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR and RAILSHARD_TOKEN set, and supervises them:\n"
-    "when one rank fails the others are stopped, and SIGINT/SIGTERM are forwarded to all.\n"
+    "when one rank fails the others are stopped (unless --elastic), and SIGINT/SIGTERM are\n"
+    "forwarded to all. The first failure is reported in one line, e.g.\n"
+    "  railshard-launch: rank 2 on host node1 failed first: exited with status 3; its last\n"
+    "  error line: \"...\"\n"
+    "naming how the rank ended (\"exited with status N\" or \"killed by SIGNAME\") and the last\n"
+    "non-blank line it wrote to stderr.\n"
     "\n"
     "options:\n"
     "  -n, --nproc N        number of ranks, 1 to 4096 (required)\n"
@@ -43,6 +48,12 @@ constexpr const char* kHelp =
     "  --grace SECONDS      time ranks get between SIGTERM and SIGKILL when the job is\n"
     "                       stopped (default 5)\n"
     "  --no-prefix          do not put \"[rank] \" before every line a rank prints\n"
+    "  --elastic            survivors carry on when a rank fails, up to --max-failures\n"
+    "                       failures; the launcher then hosts the rendezvous store itself\n"
+    "                       (ranks get RAILSHARD_STORE_EXTERNAL=1) and marks each failed rank\n"
+    "                       in it (key railshard/lost/RANK) for Communicator::shrink()\n"
+    "  --max-failures K     failures --elastic tolerates (implies --elastic; default 1);\n"
+    "                       failure K+1 stops the job as without --elastic\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
@@ -50,7 +61,8 @@ constexpr const char* kHelp =
     "  --version            show the version and exit\n"
     "\n"
     "The job token is taken from RAILSHARD_TOKEN when it is set, else made fresh per job.\n"
-    "Exit status: 0 when every rank exits 0; the first failed rank's status (128 + signal\n"
+    "Exit status: 0 when every rank exits 0 (--elastic: when at most K ranks failed and the\n"
+    "others, at least one, exited 0); else the first failed rank's status (128 + signal\n"
     "when it was killed); 128 + signal when the launcher is interrupted; 2 for bad usage;\n"
     "127 when PROGRAM is not found.\n";
 
@@ -61,6 +73,7 @@ struct UsageError {
 struct Arguments {
   railshard::launcher::LocalJobOptions job;
   std::string dump_topology;
+  std::optional<int> max_failures;
   bool help = false;
   bool version = false;
 };
@@ -85,6 +98,14 @@ std::chrono::milliseconds parseGrace(const std::string& value) {
     throw UsageError{"--grace expects a number of seconds (0 to 86400), got '" + value + "'"};
   }
   return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
+int parseMaxFailures(const std::string& value) {
+  try {
+    return static_cast<int>(railshard::parseInteger("--max-failures", value, 0, kMaxRanks - 1));
+  } catch (const railshard::ConfigError& error) {
+    throw UsageError{error.what()};
+  }
 }
 
 uint16_t parsePort(const std::string& value) {
@@ -144,6 +165,11 @@ Arguments parseArguments(int argc, char** argv) {
     } else if (name == "--dump-topology") {
       args.dump_topology = value();
       if (args.dump_topology.empty()) throw UsageError{"--dump-topology needs a file name"};
+    } else if (name == "--elastic") {
+      noValue();
+      args.job.elastic = true;
+    } else if (name == "--max-failures") {
+      args.max_failures = parseMaxFailures(value());
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -162,6 +188,10 @@ Arguments parseArguments(int argc, char** argv) {
   if (!ranks) throw UsageError{"missing -n N (the number of ranks to start)"};
   if (i >= argc) throw UsageError{"no program given"};
   args.job.world_size = *ranks;
+  if (args.max_failures) {
+    args.job.elastic = true;
+    args.job.max_failures = *args.max_failures;
+  }
   args.job.command.assign(argv + i, argv + argc);
   return args;
 }

@@ -1,16 +1,32 @@
-// A rank program for process-level tests: init() from whatever launched it, run a few
-// verified collectives, optionally die on purpose, report on stdout/stderr.
+// A rank program for process-level tests: init() from whatever launched it, run verified
+// all-reduces, optionally fail on purpose, report on stdout/stderr.
 //
-//   collective_check [--iterations N] [--die-rank R --die-after K] [--count C] [--rails 1]
+//   collective_check [--iterations N] [--count C] [--rails 1]
+//                    [--die-rank R --die-after K [--die-how exit|kill|stop]]
+//                    [--stop-seconds S] [--stall-rank R --stall-after K --stall-seconds S]
+//                    [--elastic 1] [--timeout-ms T] [--linger-seconds S]
 //
+// --die-how exit (default) exits with status 3; kill raises SIGKILL on itself; stop raises
+//   SIGSTOP on itself, after forking a child that sends SIGCONT --stop-seconds later.
+// --stall-*: rank R sleeps S seconds before all-reduce K (alive, heartbeats flowing).
+// --elastic 1: on PeerLostError, shrink() to the survivors and go on with the remaining
+//   iterations (a rank written off by the others exits 1 with the error).
+// --linger-seconds S: wait S seconds before exiting after success (keeps rank 0's store up
+//   for a rank that comes back late).
 // --rails 1: print the transport's rails to the next rank at the end, one line each:
 //   "rail NAME up=U gbps=G fraction=F bytes=B"
+// Every rank prints "rank R of N ok after I allreduces over T, topology H with K host(s),
+// generation G" on success; every error is printed with its class name.
+#include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/base/error.h"
@@ -18,34 +34,95 @@
 #include "launcher/init.h"
 #include "transport/transport.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+struct Options {
   int iterations = 20;
   int die_rank = -1;
   int die_after = 0;
+  std::string die_how = "exit";
+  double stop_seconds = 5;
+  int stall_rank = -1;
+  int stall_after = 0;
+  double stall_seconds = 0;
   size_t count = 100000;
   bool print_rails = false;
+  bool elastic = false;
+  long timeout_ms = -1;
+  double linger_seconds = 0;
+};
+
+void dieOnPurpose(int rank, int iteration, const Options& options) {
+  std::fprintf(stderr, "rank %d failing on purpose (%s) at iteration %d\n", rank,
+               options.die_how.c_str(), iteration);
+  std::fflush(stderr);
+  if (options.die_how == "kill") ::raise(SIGKILL);
+  if (options.die_how == "stop") {
+    const pid_t self = ::getpid();
+    if (::fork() == 0) {
+      // The child wakes the parent later: a real SIGSTOP/SIGCONT pair with bounded duration.
+      std::this_thread::sleep_for(std::chrono::duration<double>(options.stop_seconds));
+      ::kill(self, SIGCONT);
+      ::_exit(0);
+    }
+    ::raise(SIGSTOP);
+    std::fprintf(stderr, "rank %d continued after SIGSTOP\n", rank);
+    return;
+  }
+  ::_exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
+    const std::string text = argv[i + 1];
     const int value = std::atoi(argv[i + 1]);
-    if (key == "--iterations") iterations = value;
-    if (key == "--die-rank") die_rank = value;
-    if (key == "--die-after") die_after = value;
-    if (key == "--count") count = static_cast<size_t>(value);
-    if (key == "--rails") print_rails = value != 0;
+    if (key == "--iterations") options.iterations = value;
+    if (key == "--die-rank") options.die_rank = value;
+    if (key == "--die-after") options.die_after = value;
+    if (key == "--die-how") options.die_how = text;
+    if (key == "--stop-seconds") options.stop_seconds = std::atof(text.c_str());
+    if (key == "--stall-rank") options.stall_rank = value;
+    if (key == "--stall-after") options.stall_after = value;
+    if (key == "--stall-seconds") options.stall_seconds = std::atof(text.c_str());
+    if (key == "--count") options.count = static_cast<size_t>(value);
+    if (key == "--rails") options.print_rails = value != 0;
+    if (key == "--elastic") options.elastic = value != 0;
+    if (key == "--timeout-ms") options.timeout_ms = std::atol(text.c_str());
+    if (key == "--linger-seconds") options.linger_seconds = std::atof(text.c_str());
   }
+  const auto timeout = options.timeout_ms > 0 ? std::chrono::milliseconds(options.timeout_ms)
+                                              : railshard::Communicator::kDefaultTimeout;
   try {
     auto comm = railshard::init();
-    const int rank = comm->rank();
-    const int size = comm->size();
+    const size_t count = options.count;
     std::vector<int64_t> data(count);
-    for (int it = 0; it < iterations; ++it) {
-      if (rank == die_rank && it == die_after) {
-        std::fprintf(stderr, "rank %d exiting on purpose at iteration %d\n", rank, it);
-        std::fflush(stderr);
-        ::_exit(3);
+    int it = 0;
+    while (it < options.iterations) {
+      const int rank = comm->rank();
+      const int size = comm->size();
+      if (comm->worldRank() == options.die_rank && it == options.die_after) {
+        dieOnPurpose(rank, it, options);
+      }
+      if (comm->worldRank() == options.stall_rank && it == options.stall_after) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(options.stall_seconds));
       }
       for (size_t i = 0; i < count; ++i) data[i] = static_cast<int64_t>(i) * (rank + 1) + it;
-      comm->allreduce(data.data(), count, railshard::DataType::kInt64, railshard::ReduceOp::kSum);
+      try {
+        comm->allreduce(data.data(), count, railshard::DataType::kInt64, railshard::ReduceOp::kSum,
+                        timeout);
+      } catch (const railshard::PeerLostError& e) {
+        if (!options.elastic) throw;
+        std::fprintf(stderr, "rank %d: PeerLostError at iteration %d, shrinking: %s\n", rank, it,
+                     e.what());
+        comm = comm->shrink();
+        std::fprintf(stderr, "launch rank %d is rank %d of %d in generation %d\n",
+                     comm->worldRank(), comm->rank(), comm->size(), comm->generation());
+        continue;  // this iteration again, on the survivors
+      }
       const int64_t factor = static_cast<int64_t>(size) * (size + 1) / 2;
       for (size_t i = 0; i < count; ++i) {
         const int64_t expected = static_cast<int64_t>(i) * factor + static_cast<int64_t>(it) * size;
@@ -54,8 +131,11 @@ int main(int argc, char** argv) {
           return 2;
         }
       }
+      ++it;
     }
-    if (print_rails) {
+    const int rank = comm->rank();
+    const int size = comm->size();
+    if (options.print_rails) {
       for (const auto& rail : comm->transport().rails()) {
         if (rail.peer != (rank + 1) % size) continue;
         std::printf("rail %s up=%d gbps=%.4f fraction=%.4f bytes=%llu\n", rail.name.c_str(),
@@ -64,13 +144,23 @@ int main(int argc, char** argv) {
       }
     }
     const auto* topology = comm->topology();
-    std::printf("rank %d of %d ok after %d allreduces over %s, topology %s with %zu host(s)\n",
-                rank, size, iterations, comm->usesSharedMemory() ? "shm" : "tcp",
-                topology ? topology->hash().c_str() : "none",
-                topology ? topology->hosts().size() : size_t{0});
+    std::printf(
+        "rank %d of %d ok after %d allreduces over %s, topology %s with %zu host(s), "
+        "generation %d\n",
+        rank, size, options.iterations, comm->usesSharedMemory() ? "shm" : "tcp",
+        topology ? topology->hash().c_str() : "none",
+        topology ? topology->hosts().size() : size_t{0}, comm->generation());
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(options.linger_seconds));
     return 0;
   } catch (const railshard::PeerLostError& e) {
     std::fprintf(stderr, "PeerLostError: %s\n", e.what());
+  } catch (const railshard::TimeoutError& e) {
+    std::fprintf(stderr, "TimeoutError: %s\n", e.what());
+  } catch (const railshard::MismatchError& e) {
+    std::fprintf(stderr, "MismatchError: %s\n", e.what());
+  } catch (const railshard::InvalidArgument& e) {
+    std::fprintf(stderr, "InvalidArgument: %s\n", e.what());
   } catch (const railshard::ConfigError& e) {
     std::fprintf(stderr, "ConfigError: %s\n", e.what());
   } catch (const railshard::Error& e) {

@@ -5,6 +5,11 @@
 //   launch_probe exchange rank 0 accepts one connection per other rank on the inherited store
 //                         socket and prints what each sends; the others connect to
 //                         RAILSHARD_STORE_ADDR and send "hello from rank R"
+//   launch_probe lost-mark R
+//                         for railshard-launch --elastic: rank R writes "rank R giving up on
+//                         purpose" to stderr and exits 3; every other rank connects to the
+//                         store through launcher::bootstrapStore(), waits for the launcher's
+//                         mark railshard/lost/R and prints "lost R: <its value>"
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -20,6 +25,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "launcher/init.h"
 
 namespace {
 
@@ -146,9 +153,28 @@ int exchange() {
   return 0;
 }
 
+int lostMark(int lost_rank) {
+  const int rank = std::atoi(env("RAILSHARD_RANK").c_str());
+  if (rank == lost_rank) {
+    std::fprintf(stderr, "rank %d giving up on purpose\n\n", rank);  // blank line: not quoted
+    return 3;
+  }
+  try {
+    railshard::launcher::Bootstrap boot = railshard::launcher::bootstrapStore();
+    const std::string key = "railshard/lost/" + std::to_string(lost_rank);
+    const std::string value = boot.store->getString(key, std::chrono::seconds(15));
+    std::printf("lost %d: %s\n", lost_rank, value.c_str());
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "exchange") == 0) return exchange();
+  if (argc > 2 && std::strcmp(argv[1], "lost-mark") == 0) return lostMark(std::atoi(argv[2]));
   return report();
 }

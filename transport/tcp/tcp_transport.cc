@@ -305,6 +305,7 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   message << "rank " << options_.rank << ": " << describe(request->tag()) << " timed out waiting "
           << (is_send ? "to send to " : "to receive from ") << peerName(request->peer())
           << " (RAILSHARD_TIMEOUT)";
+  if (timeout_explainer_) message << ": " << timeout_explainer_(request->tag());
   fail(makeError(ErrorKind::kTimeout, message.str()), true);
   checkHealthy();
 }
@@ -491,9 +492,18 @@ void TcpTransport::progressLoop() {
                             8,
                         5, 100))
                   : 1000;
+  const int heartbeat_tick_ms =
+      options_.heartbeat_timeout > Duration::zero()
+          ? static_cast<int>(std::clamp<long long>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(options_.heartbeat_timeout)
+                        .count() /
+                    10,
+                10, 1000))
+          : tick_ms;
+  const int tick = std::min(tick_ms, heartbeat_tick_ms);
   while (!stopping_.load()) {
     if (failed_.load()) reader_quiesced_.store(true);
-    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, tick_ms);
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, tick);
     if (n < 0 && errno != EINTR) {
       fail(makeError(ErrorKind::kGeneric, "tcp progress: epoll_wait: " + errnoText(errno)), true);
       return;
@@ -528,6 +538,9 @@ void TcpTransport::progressLoop() {
     if (multi_rail_ && !failed_.load()) {
       installRejoined();
       checkStalls();
+    }
+    if (options_.heartbeat_timeout > Duration::zero() && !failed_.load() && !closing_.load()) {
+      checkHeartbeats();
     }
   }
 }

@@ -59,6 +59,9 @@ class TcpTransport : public Transport {
     std::string rail_weights = "adaptive";  // adaptive | static | equal
     Duration rail_timeout = std::chrono::seconds(2);
     Duration rejoin_interval = std::chrono::seconds(1);  // between reconnection attempts
+    // A peer heard nothing from for this long is lost (stopped process, stuck host); the
+    // progress thread pings every peer every fifth of it. Zero: no heartbeat.
+    Duration heartbeat_timeout = std::chrono::seconds(10);
   };
 
   // Listens, publishes the address through `store`, connects to every peer, and starts the
@@ -75,6 +78,10 @@ class TcpTransport : public Transport {
   void abort(std::exception_ptr error, bool tell_peers) override;
   void checkHealthy() const override;
   std::vector<RailStatus> rails() const override;
+  std::vector<LostPeer> lostPeers() const override;
+  void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override {
+    timeout_explainer_ = std::move(explain);
+  }
 
   // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
   // socket), so that the failover path runs without root.
@@ -136,13 +143,17 @@ class TcpTransport : public Transport {
   std::string railsSummaryLocked(const Peer& peer) const;
   // tcp_transport_failure.cc
   void onConnectionLost(Peer& peer, Channel& channel, const std::string& reason);
+  // Pings every peer and declares lost one that has been silent past the heartbeat timeout.
+  void checkHeartbeats();
+  void recordLost(int peer, const std::string& reason);
   // Stops watching and closes the connection's socket; caller holds the peer's mutex.
   void closeChannelLocked(Channel& channel);
   void fail(std::exception_ptr error, bool tell_peers);
   void detachUserMemory();
   void drainAfterFailure(Peer& peer, Channel& channel);
   [[noreturn]] void rethrowAfterQuiesce() const;
-  void queueAbortFrames(ErrorKind kind, const std::string& message);
+  // `lost_rank` (or -1) travels in the frame, so that every rank learns who was lost.
+  void queueAbortFrames(ErrorKind kind, const std::string& message, int lost_rank);
   void sendByes();
   void wake();
   std::string describe(const MessageTag& tag) const;
@@ -168,7 +179,10 @@ class TcpTransport : public Transport {
   bool failing_ = false;             // guarded by state_mutex_: the first fail() wins
   std::atomic<bool> failed_{false};  // published once user memory is detached
   std::atomic<bool> reader_quiesced_{false};
-  std::exception_ptr error_;  // guarded by state_mutex_
+  std::exception_ptr error_;                                         // guarded by state_mutex_
+  std::vector<LostPeer> lost_peers_;                                 // guarded by state_mutex_
+  std::function<std::string(const MessageTag&)> timeout_explainer_;  // set before first use
+  Clock::time_point last_loop_{};  // progress thread only: its previous turn
 
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};

@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iomanip>
+#include <sstream>
 #include <thread>
 
 #include "core/base/error.h"
@@ -33,7 +35,12 @@ void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
   // private copy of its remainder. The reader stops writing into receive buffers once it
   // sees failed_, and waiters wait for it to say so (reader_quiesced_).
   detachUserMemory();
-  if (tell_peers && !stopping_.load()) queueAbortFrames(kind, message);
+  int lost_rank = -1;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    if (!lost_peers_.empty()) lost_rank = lost_peers_.front().rank;
+  }
+  if (tell_peers && !stopping_.load()) queueAbortFrames(kind, message, lost_rank);
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     failed_.store(true);
@@ -74,7 +81,7 @@ void TcpTransport::detachUserMemory() {
   }
 }
 
-void TcpTransport::queueAbortFrames(ErrorKind kind, const std::string& message) {
+void TcpTransport::queueAbortFrames(ErrorKind kind, const std::string& message, int lost_rank) {
   for (auto& peer : peers_) {
     if (!peer) continue;
     std::lock_guard<std::mutex> lock(peer->mutex);
@@ -89,6 +96,7 @@ void TcpTransport::queueAbortFrames(ErrorKind kind, const std::string& message) 
       abort->header.kind = static_cast<uint8_t>(FrameKind::kAbort);
       abort->header.error_kind = static_cast<uint8_t>(kind);
       abort->header.payload_bytes = abort->owned.size();
+      abort->header.message = static_cast<uint64_t>(lost_rank + 1);  // 0: nobody was lost
       queueSegmentLocked(*peer, *channel, abort);
     }
   }
@@ -104,8 +112,15 @@ void TcpTransport::drainAfterFailure(Peer& peer, Channel& channel) {
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    std::lock_guard<std::mutex> lock(peer.mutex);
-    closeChannelLocked(channel);
+    bool goodbye;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      goodbye = channel.bye_received || peer.bye_received;
+      closeChannelLocked(channel);
+    }
+    // Survivors keep a failed communicator's connections open until they shrink() or give
+    // up; one that ends without a goodbye means the peer's process is gone (or left).
+    if (!goodbye) recordLost(peer.rank, "its connection ended after this rank's failure");
     return;
   }
 }
@@ -159,6 +174,7 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
     return;
   }
   std::string rails;
+  recordLost(peer.rank, reason);
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
     closeChannelLocked(channel);
@@ -171,6 +187,63 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
                                            ": lost connection to " + peerName(peer.rank) + ": " +
                                            reason + rails),
        true);
+}
+
+void TcpTransport::recordLost(int peer, const std::string& reason) {
+  if (peer == options_.rank) return;  // the others wrote this rank off: its own error says so
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  for (const auto& lost : lost_peers_) {
+    if (lost.rank == peer) return;
+  }
+  lost_peers_.push_back(LostPeer{peer, reason});
+}
+
+std::vector<LostPeer> TcpTransport::lostPeers() const {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return lost_peers_;
+}
+
+void TcpTransport::checkHeartbeats() {
+  const Clock::time_point now = Clock::now();
+  const Duration timeout = options_.heartbeat_timeout;
+  // If this process itself did not run for a good part of the timeout (it was stopped, or
+  // starved of CPU), the silence is ours, not the peers': start counting again. Whatever they
+  // sent meanwhile (an abort, say) is read on the next turn.
+  const bool we_slept = last_loop_ != Clock::time_point{} && now - last_loop_ > timeout / 2;
+  last_loop_ = now;
+  for (auto& peer_ptr : peers_) {
+    if (!peer_ptr) continue;
+    Peer& peer = *peer_ptr;
+    if (peer.heard == Clock::time_point{} || we_slept) peer.heard = now;
+    std::string silent;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (peer.lost || peer.bye_received) continue;
+      if (now - peer.heartbeat_sent >= timeout / 5) {
+        for (auto& channel : peer.channels) {
+          if (channel->up && !channel->lost) {
+            queueControlLocked(peer, *channel, FrameKind::kPing, 0, 0);
+            peer.heartbeat_sent = now;
+            break;
+          }
+        }
+      }
+      const Duration quiet = now - peer.heard;
+      if (quiet <= timeout) continue;
+      std::ostringstream text;
+      text << std::fixed << std::setprecision(1) << "stopped answering: nothing heard from it for "
+           << std::chrono::duration<double>(quiet).count() << " s (RAILSHARD_HEARTBEAT_TIMEOUT is "
+           << std::chrono::duration<double>(timeout).count()
+           << " s; the process is stopped or hung, or its host is unreachable)";
+      silent = text.str();
+      peer.lost = true;
+    }
+    recordLost(peer.rank, silent);
+    fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
+                                             peerName(peer.rank) + " " + silent),
+         true);
+    return;
+  }
 }
 
 }  // namespace railshard::transport::tcp

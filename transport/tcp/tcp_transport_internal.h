@@ -186,6 +186,10 @@ struct TcpTransport::Peer {
   bool bye_received = false;
   uint64_t bye_messages = 0;  // messages the peer sent before its goodbye
   bool lost = false;          // no connection left
+  // Heartbeat, progress thread only: when anything last arrived from the peer, and when we
+  // last pinged it.
+  Clock::time_point heard{};
+  Clock::time_point heartbeat_sent{};
 
   bool multi() const { return channels.size() > 1; }
 };

@@ -49,8 +49,9 @@ void TcpTransport::handleReadable(Peer& peer, Channel& channel) {
       if (channel.payload_got == channel.header.payload_bytes) onPayloadComplete(peer, channel);
     }
   }
+  peer.heard = Clock::now();  // heartbeat: any byte proves the peer's process runs
   if (peer.multi() && channel.fd.valid() && !channel.lost && !failed_.load()) {
-    channel.last_heard = Clock::now();
+    channel.last_heard = peer.heard;
     maybeAck(peer, channel);
   }
 }
@@ -223,6 +224,10 @@ void TcpTransport::onPayloadComplete(Peer& peer, Channel& channel) {
     // Forward it (tell_peers): a rank that fails only closes its connections after its own
     // abort frames, so every peer reads an abort before it sees that rank's connection end.
     const bool tagged = channel.abort_text.find("[reported by rank") != std::string::npos;
+    if (header.message > 0 && header.message <= static_cast<uint64_t>(options_.size)) {
+      recordLost(static_cast<int>(header.message - 1),
+                 "reported lost by rank " + std::to_string(peer.rank) + ": " + channel.abort_text);
+    }
     fail(makeError(
              static_cast<ErrorKind>(header.error_kind),
              tagged ? channel.abort_text

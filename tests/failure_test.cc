@@ -1,0 +1,193 @@
+// Failure detection and elastic continuation with real processes and real signals: ranks of
+// tests/programs/collective_check started by hand (so that every survivor's own error is seen)
+// or by railshard-launch --elastic; SIGKILL, SIGSTOP/SIGCONT, a rank that never arrives.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace railshard {
+namespace {
+
+const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
+const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
+
+// Starts `size` ranks of collective_check with `args` and RAILSHARD_* variables (rank 0 hosts
+// the store), plus `env`; returns each rank's result.
+std::vector<test::ProcessResult> runRanksByHand(int size, const std::vector<std::string>& args,
+                                                const std::map<std::string, std::string>& env,
+                                                std::chrono::seconds limit) {
+  const std::string addr = "127.0.0.1:" + std::to_string(test::freePort());
+  std::vector<test::ProcessResult> results(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::map<std::string, std::string> rank_env = env;
+      rank_env["RAILSHARD_RANK"] = std::to_string(rank);
+      rank_env["RAILSHARD_WORLD_SIZE"] = std::to_string(size);
+      rank_env["RAILSHARD_STORE_ADDR"] = addr;
+      rank_env["RAILSHARD_TOKEN"] = "failure-test";
+      std::vector<std::string> argv = {kCheck};
+      argv.insert(argv.end(), args.begin(), args.end());
+      results[static_cast<size_t>(rank)] = test::runProcess(argv, rank_env, limit);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// The "failed after waiting X s" / "timed out after X s" figure of an error message.
+double secondsWaited(const std::string& text) {
+  std::smatch m;
+  static const std::regex waited(R"((?:failed after waiting|timed out after) ([0-9.]+) s)");
+  if (!std::regex_search(text, m, waited)) return -1;
+  return std::stod(m[1].str());
+}
+
+class Killed : public ::testing::TestWithParam<std::string> {};
+
+// SIGKILL one rank of four in an all-reduce loop: each of the three others raises
+// PeerLostError naming it (rank, host, the collective and its number, the time waited) within
+// 2 s, with RAILSHARD_TIMEOUT at 60 s so only loss detection can explain it.
+TEST_P(Killed, EverySurvivorNamesTheKilledRankWithinTwoSeconds) {
+  auto results = runRanksByHand(4,
+                                {"--iterations", "100000", "--die-rank", "2", "--die-after", "20",
+                                 "--die-how", "kill", "--count", "1000"},
+                                {{"RAILSHARD_TIMEOUT", "60"}, {"RAILSHARD_TRANSPORT", GetParam()}},
+                                std::chrono::seconds(60));
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].err;
+  for (int rank : {0, 1, 3}) {
+    const auto& r = results[static_cast<size_t>(rank)];
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("PeerLostError: rank " + std::to_string(rank) + ": allreduce #"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("lost rank 2 (host "), std::string::npos) << r.err;
+    const double waited = secondsWaited(r.err);
+    EXPECT_GE(waited, 0) << r.err;
+    EXPECT_LT(waited, 2.0) << r.err;
+  }
+}
+
+// The same with survivors that shrink(): they form a communicator of three, renumbered in
+// order, and finish every iteration with verified results.
+TEST_P(Killed, SurvivorsShrinkAndFinishWithVerifiedResults) {
+  auto results = runRanksByHand(4,
+                                {"--iterations", "60", "--die-rank", "2", "--die-after", "20",
+                                 "--die-how", "kill", "--count", "1000", "--elastic", "1"},
+                                {{"RAILSHARD_TIMEOUT", "60"}, {"RAILSHARD_TRANSPORT", GetParam()}},
+                                std::chrono::seconds(60));
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  const int new_rank[] = {0, 1, -1, 2};
+  for (int rank : {0, 1, 3}) {
+    const auto& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("rank " + std::to_string(new_rank[rank]) + " of 3 ok after 60 allreduces"),
+              std::string::npos)
+        << r.out << r.err;
+    EXPECT_NE(r.out.find("generation 1"), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("launch rank " + std::to_string(rank) + " is rank " +
+                         std::to_string(new_rank[rank]) + " of 3 in generation 1"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm"));
+
+class Stopped : public ::testing::TestWithParam<std::string> {};
+
+// SIGSTOP one rank (its connections stay open; only the heartbeat can tell): the others fail
+// within the heartbeat timeout + 1 s, naming it. SIGCONT 4 s later: the resumed rank learns
+// it was written off and fails with an error, not with wrong results.
+TEST_P(Stopped, OthersFailWithinHeartbeatTimeoutAndTheResumedRankFailsCleanly) {
+  auto results = runRanksByHand(4,
+                                {"--iterations", "100000", "--die-rank", "1", "--die-after", "20",
+                                 "--die-how", "stop", "--stop-seconds", "4", "--count", "1000"},
+                                {{"RAILSHARD_TIMEOUT", "60"},
+                                 {"RAILSHARD_HEARTBEAT_TIMEOUT", "1.5"},
+                                 {"RAILSHARD_TRANSPORT", GetParam()}},
+                                std::chrono::seconds(60));
+  for (int rank : {0, 2, 3}) {
+    const auto& r = results[static_cast<size_t>(rank)];
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("PeerLostError"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("stopped answering"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
+    const double waited = secondsWaited(r.err);
+    EXPECT_GE(waited, 0) << r.err;
+    EXPECT_LT(waited, 1.5 + 1.0) << r.err;
+  }
+  const auto& resumed = results[1];
+  EXPECT_NE(resumed.err.find("continued after SIGSTOP"), std::string::npos) << resumed.err;
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.err;  // an error (2 would be a wrong result)
+  EXPECT_NE(resumed.err.find("Error"), std::string::npos) << resumed.err;
+}
+
+// With --elastic the three shrink and finish; the resumed rank is told it is not a survivor.
+TEST_P(Stopped, SurvivorsShrinkAndTheResumedRankIsToldItWasLeftOut) {
+  auto results = runRanksByHand(
+      4,
+      {"--iterations", "60", "--die-rank", "1", "--die-after", "20", "--die-how", "stop",
+       "--stop-seconds", "4", "--count", "1000", "--elastic", "1", "--linger-seconds", "6"},
+      {{"RAILSHARD_TIMEOUT", "60"},
+       {"RAILSHARD_HEARTBEAT_TIMEOUT", "1.5"},
+       {"RAILSHARD_TRANSPORT", GetParam()}},
+      std::chrono::seconds(60));
+  for (int rank : {0, 2, 3}) {
+    const auto& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(" of 3 ok after 60 allreduces"), std::string::npos) << r.out << r.err;
+  }
+  const auto& resumed = results[1];
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.err;
+  EXPECT_NE(resumed.err.find("is not among the survivors of generation 1"), std::string::npos)
+      << resumed.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Stopped, ::testing::Values("tcp", "shm"));
+
+// A rank that is alive (heartbeats flow) but never arrives: the timeout says who is missing
+// and who waited, from what every rank published to the store.
+TEST(Timeout, SaysWhichRankNeverEnteredTheCollective) {
+  auto results = runRanksByHand(4,
+                                {"--iterations", "30", "--stall-rank", "3", "--stall-after", "12",
+                                 "--stall-seconds", "8", "--count", "1000"},
+                                {{"RAILSHARD_TIMEOUT", "2"}}, std::chrono::seconds(60));
+  for (int rank : {0, 1, 2}) {
+    const auto& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("TimeoutError"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("rank 3 never entered allreduce #12 (ranks 0,1,2 waiting"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("last entered allreduce #11"), std::string::npos) << r.err;
+  }
+}
+
+// The per-call timeout overrides RAILSHARD_TIMEOUT (300 s by default here).
+TEST(Timeout, PerCallTimeoutOverridesTheDefault) {
+  const auto start = std::chrono::steady_clock::now();
+  auto results = runRanksByHand(2,
+                                {"--iterations", "10", "--stall-rank", "1", "--stall-after", "3",
+                                 "--stall-seconds", "6", "--count", "10", "--timeout-ms", "700"},
+                                {}, std::chrono::seconds(60));
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto& r = results[0];
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("TimeoutError: rank 0: allreduce #3"), std::string::npos) << r.err;
+  const double waited = secondsWaited(r.err);
+  EXPECT_GE(waited, 0.6) << r.err;
+  EXPECT_LT(waited, 2.0) << r.err;
+  EXPECT_LT(elapsed, 30.0);
+}
+
+}  // namespace
+}  // namespace railshard
