@@ -97,6 +97,11 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   if (communicator->shm_) {
     transport::Transport* tcp_transport = communicator->transport_.get();
     communicator->shm_->setHealthCheck([tcp_transport] { tcp_transport->checkHealthy(); });
+    // A peer lost on the TCP side (closed connection, heartbeat) wakes shared-memory waits at
+    // once instead of at their next health check.
+    collectives::ShmEngine* engine = communicator->shm_.get();
+    communicator->transport_->setFailureListener(
+        [engine](ErrorKind kind, const std::string& message) { engine->abort(kind, message); });
   }
   Communicator* self = communicator.get();
   auto explain = [self](const transport::MessageTag& tag) { return self->diagnoseMissing(tag); };
@@ -204,6 +209,7 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
 // The publisher's thread stops before the transport and store it uses go away.
 Communicator::~Communicator() {
   publisher_.reset();
+  transport_->setFailureListener(nullptr);  // the engine it wakes goes first
 }
 
 void Communicator::checkBuffer(const char* collective, const char* what, const void* buffer,

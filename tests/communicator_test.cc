@@ -439,6 +439,91 @@ TEST(Arguments, BadArgumentsRaiseInvalidArgument) {
   test::rethrowFirst(errors);
 }
 
+// Misuse after abort() or shrink(), and bad per-call timeouts, are InvalidArgument naming
+// the problem; the peers of an aborting rank fail with its reason instead of waiting.
+TEST(Arguments, CallsAfterAbortAndBadTimeoutsAreInvalidArgument) {
+  auto errors = withRanks(2, [&](Communicator& comm) {
+    std::vector<float> data(4, 1.0f);
+    try {
+      comm.allreduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum,
+                     std::chrono::milliseconds(0));
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("timeout must be positive, got 0 ms"), std::string::npos)
+          << e.what();
+    }
+    comm.allreduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum,
+                   std::chrono::milliseconds(5000));
+    EXPECT_EQ(data[0], 2.0f);
+    if (comm.rank() == 0) {
+      comm.abort("loss went NaN");
+    } else {
+      try {
+        comm.allreduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+        ADD_FAILURE() << "expected the peer's abort";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("loss went NaN"), std::string::npos) << e.what();
+      }
+      return;
+    }
+    try {
+      comm.barrier();
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("barrier: this communicator was aborted by the "
+                                           "application: loss went NaN"),
+                std::string::npos)
+          << e.what();
+    }
+    // Created without a store (Options::store): shrink() cannot re-form.
+    EXPECT_THROW(comm.abort("again"), InvalidArgument);
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST(Arguments, ShrinkWithoutAStoreIsInvalidArgument) {
+  auto errors = withRanks(2, [&](Communicator& comm) {
+    try {
+      comm.shrink();
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("no store"), std::string::npos) << e.what();
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+// In-process shrink through a shared store: every rank calls it with nobody lost (a
+// voluntary re-form); the new communicator works and the old one refuses further use.
+TEST(Shrink, VoluntaryShrinkOfAllRanksKeepsEveryoneAndRenumbersNothing) {
+  auto store = std::make_shared<MemoryStore>();
+  auto errors = test::runRanks(3, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = 3;
+    options.config = testConfig();
+    options.store = store;
+    auto comm = Communicator::create(*store, options);
+    auto next = comm->shrink(std::chrono::milliseconds(20000));
+    EXPECT_EQ(next->size(), 3);
+    EXPECT_EQ(next->rank(), rank);
+    EXPECT_EQ(next->generation(), 1);
+    EXPECT_EQ(next->worldRanks(), (std::vector<int>{0, 1, 2}));
+    int64_t value = rank + 1;
+    next->allreduce(&value, 1, DataType::kInt64, ReduceOp::kSum);
+    EXPECT_EQ(value, 6);
+    try {
+      comm->allreduce(&value, 1, DataType::kInt64, ReduceOp::kSum);
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("was shrunk; use the communicator shrink() returned"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
 TEST(Token, PeerWithWrongTokenIsRefused) {
   auto errors = withRanks(
       2, [&](Communicator&) {},

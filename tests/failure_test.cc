@@ -100,6 +100,63 @@ TEST_P(Killed, SurvivorsShrinkAndFinishWithVerifiedResults) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm"));
 
+// Under railshard-launch --elastic the launcher hosts the store, so even rank 0 (which hosts
+// it otherwise) may die: the launcher marks it lost, the three others shrink and finish.
+TEST(Elastic, LauncherKeepsTheJobGoingWhenRankZeroIsKilled) {
+  auto r = test::runProcess({kLaunch, "-n", "4", "--elastic", "--max-failures", "1", kCheck,
+                             "--iterations", "60", "--die-rank", "0", "--die-after", "20",
+                             "--die-how", "kill", "--count", "1000", "--elastic", "1"},
+                            {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(90));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank 0 on host"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("killed by SIGKILL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("continuing with 3 ranks"), std::string::npos) << r.err;
+  for (int launch_rank = 1; launch_rank < 4; ++launch_rank) {
+    EXPECT_NE(r.out.find("[" + std::to_string(launch_rank) + "] rank " +
+                         std::to_string(launch_rank - 1) + " of 3 ok after 60 allreduces"),
+              std::string::npos)
+        << r.out;
+  }
+}
+
+// Two failures one after the other: generation 1 of three, then generation 2 of two.
+TEST(Elastic, SurvivorsShrinkTwice) {
+  // Rank 3 dies at iteration 10; rank 1 (rank 1 of generation 1 too) dies at iteration 30.
+  const std::string addr = "127.0.0.1:" + std::to_string(test::freePort());
+  std::vector<test::ProcessResult> results(4);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::vector<std::string> argv = {kCheck, "--iterations", "50", "--count",
+                                       "1000", "--elastic",    "1",  "--linger-seconds",
+                                       "1"};
+      if (rank == 3 || rank == 1) {
+        argv.insert(argv.end(), {"--die-rank", std::to_string(rank), "--die-after",
+                                 rank == 3 ? "10" : "30", "--die-how", "kill"});
+      }
+      results[static_cast<size_t>(rank)] =
+          test::runProcess(argv,
+                           {{"RAILSHARD_RANK", std::to_string(rank)},
+                            {"RAILSHARD_WORLD_SIZE", "4"},
+                            {"RAILSHARD_STORE_ADDR", addr},
+                            {"RAILSHARD_TOKEN", "twice"},
+                            {"RAILSHARD_TIMEOUT", "60"}},
+                           std::chrono::seconds(60));
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(results[3].signal, SIGKILL);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].err;
+  EXPECT_NE(results[0].out.find("rank 0 of 2 ok after 50 allreduces"), std::string::npos)
+      << results[0].out << results[0].err;
+  EXPECT_NE(results[0].out.find("generation 2"), std::string::npos) << results[0].out;
+  EXPECT_EQ(results[2].exit_code, 0) << results[2].err;
+  EXPECT_NE(results[2].out.find("rank 1 of 2 ok after 50 allreduces"), std::string::npos)
+      << results[2].out << results[2].err;
+}
+
 class Stopped : public ::testing::TestWithParam<std::string> {};
 
 // SIGSTOP one rank (its connections stay open; only the heartbeat can tell): the others fail

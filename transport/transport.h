@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/base/clock.h"
+#include "core/base/error.h"
 #include "transport/message_tag.h"
 #include "transport/request.h"
 
@@ -77,6 +78,13 @@ class Transport {
   // who is missing from the collective of `tag` (the layer that knows who entered what).
   virtual void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) {
     (void)explain;
+  }
+
+  // Called (from any thread) once, when the transport is poisoned, with the error: lets the
+  // layer above wake waits the transport does not own (shared-memory collectives) at once.
+  // Null clears it; it is not called after that returns.
+  virtual void setFailureListener(std::function<void(ErrorKind, const std::string&)> listener) {
+    (void)listener;
   }
 
   // The peers found or reported lost so far, first one first.

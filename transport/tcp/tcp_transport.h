@@ -82,6 +82,10 @@ class TcpTransport : public Transport {
   void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override {
     timeout_explainer_ = std::move(explain);
   }
+  void setFailureListener(std::function<void(ErrorKind, const std::string&)> listener) override {
+    std::lock_guard<std::mutex> lock(listener_mutex_);
+    failure_listener_ = std::move(listener);
+  }
 
   // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
   // socket), so that the failover path runs without root.
@@ -182,6 +186,8 @@ class TcpTransport : public Transport {
   std::exception_ptr error_;                                         // guarded by state_mutex_
   std::vector<LostPeer> lost_peers_;                                 // guarded by state_mutex_
   std::function<std::string(const MessageTag&)> timeout_explainer_;  // set before first use
+  std::mutex listener_mutex_;
+  std::function<void(ErrorKind, const std::string&)> failure_listener_;
   Clock::time_point last_loop_{};  // progress thread only: its previous turn
 
   std::atomic<uint64_t> bytes_sent_{0};

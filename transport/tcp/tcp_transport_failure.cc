@@ -47,6 +47,10 @@ void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
   }
   state_changed_.notify_all();
   wake();
+  {
+    std::lock_guard<std::mutex> lock(listener_mutex_);
+    if (failure_listener_) failure_listener_(kind, message);
+  }
   if (!stopping_.load()) RS_LOG_ERROR("{}", message);
 }
 
