@@ -7,11 +7,17 @@
 //
 //   railshard-launch -n 3 dispatch_bench --speeds 1,2,4
 //   railshard-launch -n 3 dispatch_bench --speeds 1,2,4 --slowdown 2:2:12 --json out.json
+//   railshard-launch --elastic -n 4 dispatch_bench --speeds 1,2,4,2 --kill 2:12
+//
+// --kill: the rank dies mid-step; the survivors shrink the communicator, recover the dispatcher
+// (the step is redone or replanned) and finish; the per-sample ledger of committed steps must
+// show every sample of the epoch exactly once (exit status 1 otherwise).
 //
 // --work sleep (default) models a GPU server: its CPU waits while the device computes, so a
 // rank's speed is its own whatever the other ranks do. --work cpu burns calibrated
 // floating-point work instead; with more ranks than cores they share cores and the speeds
 // measured are no longer the ones asked for (see docs/dispatch.md).
+#include <signal.h>
 #include <time.h>
 
 #include <algorithm>
@@ -142,6 +148,8 @@ struct StepRecord {
   double gather_us = 0;        // that all-gather, as the last rank to reach it saw it
   double plan_us = 0;          // planning, slowest rank
   double overhead_max_us = 0;  // nextStep() on the rank that spent longest in it, waiting included
+  int live_ranks = 0;
+  bool redo = false;  // the step was redone after a failure (this is the redo's timing)
   double ratio() const { return step_ms / ideal_ms; }
   double ratioWithAllreduce() const { return step_ms / (ideal_ms + allreduce_ms); }
 };
@@ -156,6 +164,118 @@ struct Summary {
   double median_overhead_us = 0;
   double median_overhead_max_us = 0;
   std::optional<int> recovery_steps;  // with --slowdown; empty when it never recovered
+  // With a failure: the first one's step, the first step the survivors ran (redone or
+  // planned afresh), medians before and after it, and when steps came back within
+  // kRecoveryRatio of the survivors' ideal (steps after the survivors' first; empty: never).
+  std::optional<int> failure_step;
+  int survivors_first_step = 0;
+  double before_median_step_ms = 0;
+  double before_median_ratio = 0;
+  double after_median_step_ms = 0;
+  double after_median_ideal_ms = 0;
+  double after_median_ratio = 0;
+  std::optional<int> reconverge_steps;
+  double failure_cost_ms = 0;  // caught + shrink + recover, on rank 0
+};
+
+// One lost peer as the survivors handled it.
+struct FailureEvent {
+  std::vector<int> lost;  // launch ranks
+  int step = 0;           // the step the survivors were in when they caught the error
+  std::string error;      // what the collective raised (this rank's view)
+  double caught_ms = 0;   // from the start of the failed attempt to the error
+  double shrink_ms = 0;
+  double recover_ms = 0;
+  uint64_t committed = 0;  // steps that stand (the first step run by the survivors)
+  bool redo = false;       // that step was redone with the lost ranks' ranges moved
+  bool undo = false;       // this rank undid an applied step
+  int survivors = 0;
+  double survivors_ideal_ms = 0;  // a full batch on the survivors
+};
+
+// The per-sample ledger: the ranges of every step this rank committed, by launch rank. Rolled
+// back with the model when a recovery undoes steps; rank 0 counts every sample from it.
+struct Ledger {
+  struct Entry {
+    uint64_t epoch = 0;
+    uint64_t step = 0;
+    std::vector<std::vector<dispatch::Range>> ranges;  // by launch rank
+  };
+  std::vector<Entry> entries;
+
+  void rollback(uint64_t committed) {
+    std::erase_if(entries, [&](const Entry& e) { return e.step >= committed; });
+  }
+  uint64_t fingerprint() const {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const auto add = [&](uint64_t v) {
+      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+    };
+    for (const auto& e : entries) {
+      add(e.epoch);
+      add(e.step);
+      for (size_t r = 0; r < e.ranges.size(); ++r) {
+        for (const auto& range : e.ranges[r]) {
+          add(r);
+          add(range.begin);
+          add(range.end);
+        }
+      }
+    }
+    return h;
+  }
+};
+
+struct LedgerEpoch {
+  uint64_t epoch = 0;
+  uint64_t expected = 0;  // samples that should be in it: [0, expected)
+  uint64_t once = 0;
+  uint64_t missing = 0;
+  uint64_t duplicated = 0;  // samples committed more than once
+  uint64_t outside = 0;     // committed indices >= expected
+  bool ok() const { return missing == 0 && duplicated == 0 && outside == 0 && once == expected; }
+};
+
+// Counts every committed sample index per epoch. Every epoch but the last must be whole; the
+// last must be exactly the samples its committed steps were handed ([0, last_assigned)).
+std::vector<LedgerEpoch> checkLedger(const Ledger& ledger, uint64_t epoch_size, uint64_t last_epoch,
+                                     uint64_t last_assigned) {
+  std::vector<LedgerEpoch> out;
+  for (uint64_t epoch = 0; epoch <= last_epoch; ++epoch) {
+    LedgerEpoch e;
+    e.epoch = epoch;
+    e.expected = epoch == last_epoch ? last_assigned : epoch_size;
+    std::vector<uint32_t> count(epoch_size, 0);
+    for (const auto& entry : ledger.entries) {
+      if (entry.epoch != epoch) continue;
+      for (const auto& ranges : entry.ranges) {
+        for (const auto& range : ranges) {
+          for (uint64_t i = range.begin; i < range.end; ++i) {
+            if (i < e.expected) {
+              ++count[i];
+            } else {
+              ++e.outside;
+            }
+          }
+        }
+      }
+    }
+    for (uint64_t i = 0; i < e.expected; ++i) {
+      e.once += count[i] == 1;
+      e.missing += count[i] == 0;
+      e.duplicated += count[i] > 1;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+// What one policy's run produced (records and ledger on rank 0 of the final communicator).
+struct PolicyRun {
+  std::vector<StepRecord> records;
+  std::vector<FailureEvent> failures;
+  std::vector<LedgerEpoch> ledger;
+  bool ledger_consistent = true;  // every survivor holds the same ledger
 };
 
 double median(std::vector<double> values) {
@@ -173,6 +293,16 @@ std::vector<double> speedsAt(const BenchOptions& options, int step) {
   return speeds;
 }
 
+// Launch rank of each member of `comm`, by rank.
+std::vector<int> launchRanks(const Communicator& comm) {
+  std::vector<int> ranks = comm.worldRanks();
+  if (ranks.size() != static_cast<size_t>(comm.size())) {
+    ranks.resize(static_cast<size_t>(comm.size()));
+    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+  }
+  return ranks;
+}
+
 template <typename T>
 std::string joined(const std::vector<T>& values, const char* format) {
   std::string out;
@@ -185,8 +315,8 @@ std::string joined(const std::vector<T>& values, const char* format) {
   return out;
 }
 
-Summary summarise(const BenchOptions& options, const std::string& policy,
-                  const std::vector<StepRecord>& records) {
+Summary summarise(const BenchOptions& options, const std::string& policy, const PolicyRun& run) {
+  const std::vector<StepRecord>& records = run.records;
   Summary s;
   s.policy = policy;
   std::vector<double> ratio, ratio_ar, step_ms, ideal_ms, allreduce_ms, overhead_us,
@@ -218,82 +348,206 @@ Summary summarise(const BenchOptions& options, const std::string& policy,
       }
     }
   }
+  if (!run.failures.empty()) {
+    const FailureEvent& f = run.failures.front();
+    s.failure_step = f.step;
+    s.survivors_first_step = static_cast<int>(f.committed);
+    s.failure_cost_ms = f.caught_ms + f.shrink_ms + f.recover_ms;
+    std::vector<double> before_ms, before_ratio, after_ms, after_ideal, after_ratio;
+    for (const auto& r : records) {
+      if (r.step >= options.warmup && r.step < s.survivors_first_step) {
+        before_ms.push_back(r.step_ms);
+        before_ratio.push_back(r.ratio());
+      }
+      if (r.step > s.survivors_first_step) {
+        after_ms.push_back(r.step_ms);
+        after_ideal.push_back(r.ideal_ms);
+        after_ratio.push_back(r.ratio());
+      }
+      if (!s.reconverge_steps && r.step >= s.survivors_first_step && r.ratio() <= kRecoveryRatio) {
+        s.reconverge_steps = r.step - s.survivors_first_step;
+      }
+    }
+    s.before_median_step_ms = median(before_ms);
+    s.before_median_ratio = median(before_ratio);
+    s.after_median_step_ms = median(after_ms);
+    s.after_median_ideal_ms = median(after_ideal);
+    s.after_median_ratio = median(after_ratio);
+  }
   return s;
 }
 
-// Runs `steps` steps of one policy on every rank; rank 0 gets the records.
-std::vector<StepRecord> runPolicy(Communicator& comm, const BenchOptions& options,
-                                  const std::string& label, double iterations_per_ms,
-                                  std::vector<float>& grad) {
-  const int rank = comm.rank();
-  const auto world = static_cast<size_t>(comm.size());
+// Runs `steps` steps of one policy on every rank; every rank keeps the records (whoever is
+// rank 0 at the end prints them). With `kill` this is where a rank dies and the others carry
+// on: `comm` is replaced by the shrunk communicator.
+PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& options,
+                    const std::string& label, double iterations_per_ms, std::vector<float>& grad,
+                    const std::optional<Kill>& kill) {
+  const auto world = options.speeds.size();  // launch ranks
   dispatch::DispatchOptions dispatch_options;
   dispatch_options.policy = dispatch::parsePolicy(label);
   dispatch_options.micro_batch = options.micro;
+  // The dispatcher numbers ranks as this communicator does; members maps them to launch ranks.
+  const std::vector<int> members = launchRanks(*comm);
   // Static weights are what a user who knows the hardware would configure.
   if (dispatch_options.policy == dispatch::Policy::kWeightedRoundRobin) {
-    dispatch_options.weights = options.speeds;
+    for (const int r : members) dispatch_options.weights.push_back(options.speeds[r]);
   }
-  dispatch::CollectiveDispatcher dispatcher(comm, options.epoch, dispatch_options);
+  dispatch::CollectiveDispatcher dispatcher(*comm, options.epoch, dispatch_options);
 
-  std::vector<StepRecord> records;
+  PolicyRun run;
+  Ledger ledger;
   constexpr size_t kStats = 5;  // compute, gather, plan, all-reduce, step (s)
-  std::vector<double> all(world * kStats);
-  comm.barrier();
-  for (int step = 0; step < options.steps; ++step) {
-    const std::vector<double> speeds = speedsAt(options, step);
-
+  comm->barrier();
+  const int max_failures = static_cast<int>(world) - 1;
+  while (dispatcher.committedSteps() < static_cast<uint64_t>(options.steps)) {
     const auto start = SteadyClock::now();
-    const auto& ranges = dispatcher.nextStep(options.batch);
-    const double gather = dispatcher.lastGatherSeconds();
-    const double plan = dispatcher.lastPlanSeconds();
-    uint64_t samples = 0;
-    for (const auto& range : ranges) samples += range.size();
-    const auto compute_start = SteadyClock::now();
-    work(static_cast<double>(samples) * options.unit_ms / speeds[static_cast<size_t>(rank)],
-         options.cpu_work, iterations_per_ms);
-    const double compute = secondsOf(compute_start);
-    dispatcher.finishStep(static_cast<double>(samples), compute);
-    const auto allreduce_start = SteadyClock::now();
-    dispatch::allreduceSampleMean(comm, grad.data(), grad.size(), DataType::kFloat32,
-                                  dispatcher.mySamples(), dispatcher.stepSamples());
-    const double allreduce = secondsOf(allreduce_start);
-    const double step_seconds = secondsOf(start);
+    const bool redo = dispatcher.state().redoPending();
+    int step = static_cast<int>(dispatcher.committedSteps());
+    try {
+      const auto& ranges = dispatcher.nextStep(options.batch);
+      step = static_cast<int>(dispatcher.plan().step);
+      const std::vector<double> speeds = speedsAt(options, step);
+      const int me = comm->worldRank();
+      const double gather = dispatcher.lastGatherSeconds();
+      const double plan = dispatcher.lastPlanSeconds();
+      uint64_t samples = 0;
+      for (const auto& range : ranges) samples += range.size();
+      const auto compute_start = SteadyClock::now();
+      work(static_cast<double>(samples) * options.unit_ms / speeds[static_cast<size_t>(me)],
+           options.cpu_work, iterations_per_ms);
+      const double compute = secondsOf(compute_start);
+      const bool dies = kill && kill->rank == me && kill->step == step;
+      if (dies && kill->point == Kill::Point::kCompute) {
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
+      dispatcher.finishStep(static_cast<double>(samples), compute);
+      const auto allreduce_start = SteadyClock::now();
+      dispatch::allreduceSampleMean(*comm, grad.data(), grad.size(), DataType::kFloat32,
+                                    dispatcher.mySamples(), dispatcher.stepSamples());
+      const double allreduce = secondsOf(allreduce_start);
+      const double step_seconds = secondsOf(start);
+      // The gradient step is applied: the step's samples are in the model.
+      dispatcher.commitStep();
+      Ledger::Entry entry{dispatcher.dispatcher().epoch(), dispatcher.plan().step,
+                          std::vector<std::vector<dispatch::Range>>(world)};
+      for (size_t r = 0; r < members.size(); ++r) {
+        entry.ranges[static_cast<size_t>(members[r])] = dispatcher.plan().ranges[r];
+      }
+      ledger.entries.push_back(std::move(entry));
+      if (dies && kill->point == Kill::Point::kCommit) {
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
 
-    // Outside the timed region: every rank's numbers to rank 0 for printing.
-    const double mine[kStats] = {compute, gather, plan, allreduce, step_seconds};
-    comm.allgather(mine, all.data(), kStats, DataType::kFloat64);
-    if (rank != 0) continue;
+      // Outside the timed region: every rank's numbers to every rank, for the records.
+      const double mine[kStats] = {compute, gather, plan, allreduce, step_seconds};
+      const auto n = static_cast<size_t>(comm->size());
+      std::vector<double> all(n * kStats);
+      comm->allgather(mine, all.data(), kStats, DataType::kFloat64);
+      const std::vector<int> launch = launchRanks(*comm);
 
-    StepRecord record;
-    record.policy = label;
-    record.step = step;
-    record.shares = dispatcher.plan().samples;
-    double speed_sum = 0;
-    for (double s : speeds) speed_sum += s;
-    record.ideal_ms = static_cast<double>(dispatcher.stepSamples()) * options.unit_ms / speed_sum;
-    record.step_ms = all[4] * 1e3;  // rank 0's view
-    record.allreduce_ms = all[3] * 1e3;
-    for (size_t r = 0; r < world; ++r) {
-      const double* stats = &all[r * kStats];
-      record.compute_ms.push_back(stats[0] * 1e3);
-      record.gather_us = r == 0 ? stats[1] * 1e6 : std::min(record.gather_us, stats[1] * 1e6);
-      record.plan_us = std::max(record.plan_us, stats[2] * 1e6);
-      record.overhead_max_us = std::max(record.overhead_max_us, (stats[1] + stats[2]) * 1e6);
-      // Ranks that finished computing early wait inside the all-reduce; the one that came
-      // last measured the all-reduce itself.
-      record.allreduce_ms = std::min(record.allreduce_ms, stats[3] * 1e3);
+      StepRecord record;
+      record.policy = label;
+      record.step = step;
+      record.redo = redo;
+      record.live_ranks = comm->size();
+      record.shares.assign(world, 0);
+      for (size_t r = 0; r < members.size(); ++r) {
+        record.shares[static_cast<size_t>(members[r])] = dispatcher.plan().samples[r];
+      }
+      double speed_sum = 0;
+      for (const int r : launch) speed_sum += speeds[static_cast<size_t>(r)];
+      record.ideal_ms = static_cast<double>(dispatcher.stepSamples()) * options.unit_ms / speed_sum;
+      record.step_ms = all[4] * 1e3;  // rank 0's view
+      record.allreduce_ms = all[3] * 1e3;
+      record.compute_ms.assign(world, 0);
+      for (size_t r = 0; r < n; ++r) {
+        const double* stats = &all[r * kStats];
+        record.compute_ms[static_cast<size_t>(launch[r])] = stats[0] * 1e3;
+        record.gather_us = r == 0 ? stats[1] * 1e6 : std::min(record.gather_us, stats[1] * 1e6);
+        record.plan_us = std::max(record.plan_us, stats[2] * 1e6);
+        record.overhead_max_us = std::max(record.overhead_max_us, (stats[1] + stats[2]) * 1e6);
+        // Ranks that finished computing early wait inside the all-reduce; the one that came
+        // last measured the all-reduce itself.
+        record.allreduce_ms = std::min(record.allreduce_ms, stats[3] * 1e3);
+      }
+      record.overhead_us = record.gather_us + record.plan_us;
+      if (comm->rank() == 0) {
+        std::printf("%-14s %4d%s %-*s  %-*s  %8.1f  %8.1f  %6.3f  %9.2f  %6.0f  %7.0f\n",
+                    label.c_str(), step, redo ? "r" : " ", static_cast<int>(world * 5),
+                    joined(record.shares, "%zu").c_str(), static_cast<int>(world * 7),
+                    joined(record.compute_ms, "%.1f").c_str(), record.step_ms, record.ideal_ms,
+                    record.ratio(), record.allreduce_ms, record.overhead_us,
+                    record.overhead_max_us);
+        std::fflush(stdout);
+      }
+      run.records.push_back(std::move(record));
+    } catch (const Error& e) {
+      // A lost peer (PeerLostError, or a TimeoutError naming who never came): carry on with
+      // the survivors. Anything else (a mismatch, a bad argument) is a bug: stop.
+      if (dynamic_cast<const PeerLostError*>(&e) == nullptr &&
+          dynamic_cast<const TimeoutError*>(&e) == nullptr) {
+        throw;
+      }
+      if (static_cast<int>(run.failures.size()) >= max_failures) throw;
+      FailureEvent event;
+      event.step = step;
+      event.error = e.what();
+      event.caught_ms = secondsOf(start) * 1e3;
+      const auto shrink_start = SteadyClock::now();
+      std::unique_ptr<Communicator> survivors = comm->shrink();
+      event.shrink_ms = secondsOf(shrink_start) * 1e3;
+      const dispatch::Recovery recovery = dispatcher.recover(*survivors);
+      event.recover_ms = dispatcher.lastRecoverSeconds() * 1e3;
+      comm = std::move(survivors);
+      for (const int r : recovery.failed) event.lost.push_back(members[static_cast<size_t>(r)]);
+      event.committed = recovery.committed;
+      event.redo = recovery.redo;
+      event.undo = recovery.undo_last_step;
+      event.survivors = comm->size();
+      double speed_sum = 0;
+      const std::vector<double> speeds = speedsAt(options, static_cast<int>(recovery.committed));
+      for (const int r : launchRanks(*comm)) speed_sum += speeds[static_cast<size_t>(r)];
+      event.survivors_ideal_ms = static_cast<double>(options.batch) * options.unit_ms / speed_sum;
+      // Back to the last consistent state: the ledger (and the model, had it one) loses the
+      // steps that were undone; the gradient buffer, which a failed in-place all-reduce may
+      // have left half-reduced, is this rank's own again (every rank's mean is 1).
+      ledger.rollback(recovery.committed);
+      std::erase_if(run.records, [&](const StepRecord& r) {
+        return static_cast<uint64_t>(r.step) >= recovery.committed;
+      });
+      std::fill(grad.begin(), grad.end(), 1.0f);
+      if (comm->rank() == 0) {
+        std::string lost;
+        for (const int r : event.lost) {
+          lost += lost.empty() ? "rank " : ", ";
+          lost += std::to_string(r);
+        }
+        std::printf(
+            "# %s lost in step %d (caught after %.1f ms: %s); shrink %.1f ms, recover %.2f ms; "
+            "%d survivors; steps 0..%lld stand, step %llu %s; survivors' ideal step %.1f ms\n",
+            lost.c_str(), event.step, event.caught_ms, event.error.c_str(), event.shrink_ms,
+            event.recover_ms, event.survivors, static_cast<long long>(event.committed) - 1,
+            static_cast<unsigned long long>(event.committed),
+            event.redo ? "is redone with the lost ranges moved to the survivors"
+                       : "is planned afresh among the survivors",
+            event.survivors_ideal_ms);
+        std::fflush(stdout);
+      }
+      run.failures.push_back(std::move(event));
     }
-    record.overhead_us = record.gather_us + record.plan_us;
-    std::printf("%-14s %4d  %-*s  %-*s  %8.1f  %8.1f  %6.3f  %9.2f  %6.0f  %7.0f\n", label.c_str(),
-                step, static_cast<int>(world * 5), joined(record.shares, "%zu").c_str(),
-                static_cast<int>(world * 7), joined(record.compute_ms, "%.1f").c_str(),
-                record.step_ms, record.ideal_ms, record.ratio(), record.allreduce_ms,
-                record.overhead_us, record.overhead_max_us);
-    std::fflush(stdout);
-    records.push_back(std::move(record));
   }
-  return records;
+
+  // Every survivor must hold the same ledger (they committed and rolled back alike).
+  const uint64_t mine = ledger.fingerprint();
+  std::vector<uint64_t> theirs(static_cast<size_t>(comm->size()));
+  comm->allgather(&mine, theirs.data(), sizeof(mine), DataType::kUInt8);
+  for (const uint64_t f : theirs) run.ledger_consistent = run.ledger_consistent && f == mine;
+  const dispatch::Dispatcher& d = dispatcher.dispatcher();
+  run.ledger = checkLedger(ledger, options.epoch, d.epoch(), d.assigned());
+  return run;
 }
 
 void printSummary(const BenchOptions& options, const Summary& s) {
@@ -314,6 +568,58 @@ void printSummary(const BenchOptions& options, const Summary& s) {
     }
   }
   std::printf("\n");
+  if (s.failure_step) {
+    std::printf(
+        "# %s: failure in step %d: before it %.1f ms per step (%.3fx ideal); the failure cost "
+        "%.1f ms (caught + shrink + recover); after step %d, on the survivors: %.1f ms per "
+        "step, survivors' ideal %.1f ms (%.3fx)",
+        s.policy.c_str(), *s.failure_step, s.before_median_step_ms, s.before_median_ratio,
+        s.failure_cost_ms, s.survivors_first_step, s.after_median_step_ms, s.after_median_ideal_ms,
+        s.after_median_ratio);
+    if (s.reconverge_steps) {
+      std::printf("; re-converged within %.2fx of the survivors' ideal %d steps after step %d\n",
+                  kRecoveryRatio, *s.reconverge_steps, s.survivors_first_step);
+    } else {
+      std::printf("; never back within %.2fx of the survivors' ideal\n", kRecoveryRatio);
+    }
+  }
+}
+
+// "# ledger (proportional): epoch 0: 8400 samples, each processed exactly once (0 missing,
+// 0 duplicated); rank 2 lost at step 12". Returns whether the ledger is right.
+bool printLedger(const std::string& policy, const PolicyRun& run) {
+  bool ok = run.ledger_consistent;
+  std::string lost;
+  for (const auto& f : run.failures) {
+    for (const int r : f.lost) {
+      lost += "; rank ";
+      lost += std::to_string(r);
+      lost += " lost at step ";
+      lost += std::to_string(f.step);
+    }
+  }
+  for (const auto& e : run.ledger) {
+    ok = ok && e.ok();
+    if (e.ok()) {
+      std::printf(
+          "# ledger (%s): epoch %llu: %llu samples, each processed exactly once (0 missing, 0 "
+          "duplicated)%s\n",
+          policy.c_str(), static_cast<unsigned long long>(e.epoch),
+          static_cast<unsigned long long>(e.expected), lost.c_str());
+    } else {
+      std::printf(
+          "# ledger (%s): epoch %llu: %llu samples, NOT each processed exactly once (%llu "
+          "missing, %llu duplicated, %llu beyond the samples handed out)%s\n",
+          policy.c_str(), static_cast<unsigned long long>(e.epoch),
+          static_cast<unsigned long long>(e.expected), static_cast<unsigned long long>(e.missing),
+          static_cast<unsigned long long>(e.duplicated), static_cast<unsigned long long>(e.outside),
+          lost.c_str());
+    }
+  }
+  if (!run.ledger_consistent) {
+    std::printf("# ledger (%s): the survivors' ledgers differ\n", policy.c_str());
+  }
+  return ok;
 }
 
 // "proportional: 1.03x ideal, equal: 2.29x ideal -> proportional is 2.2x faster per step"
@@ -345,7 +651,8 @@ void printFinalLine(const std::vector<Summary>& summaries) {
 nlohmann::ordered_json toJson(const BenchOptions& options, int world,
                               const std::vector<double>& iterations_per_ms,
                               const std::vector<StepRecord>& records,
-                              const std::vector<Summary>& summaries) {
+                              const std::vector<Summary>& summaries,
+                              const std::vector<PolicyRun>& runs) {
   nlohmann::ordered_json j;
   j["world_size"] = world;
   j["speeds"] = options.speeds;
@@ -366,6 +673,13 @@ nlohmann::ordered_json toJson(const BenchOptions& options, int world,
   } else {
     j["slowdown"] = nullptr;
   }
+  if (options.kill) {
+    j["kill"] = {{"rank", options.kill->rank},
+                 {"step", options.kill->step},
+                 {"point", options.kill->point == Kill::Point::kCompute ? "compute" : "commit"}};
+  } else {
+    j["kill"] = nullptr;
+  }
   auto& steps = j["steps"] = nlohmann::ordered_json::array();
   for (const auto& r : records) {
     steps.push_back({{"policy", r.policy},
@@ -380,7 +694,9 @@ nlohmann::ordered_json toJson(const BenchOptions& options, int world,
                      {"overhead_us", r.overhead_us},
                      {"gather_us", r.gather_us},
                      {"plan_us", r.plan_us},
-                     {"overhead_max_us", r.overhead_max_us}});
+                     {"overhead_max_us", r.overhead_max_us},
+                     {"live_ranks", r.live_ranks},
+                     {"redo", r.redo}});
   }
   auto& summary = j["summary"] = nlohmann::ordered_json::array();
   for (const auto& s : summaries) {
@@ -400,6 +716,49 @@ nlohmann::ordered_json toJson(const BenchOptions& options, int world,
       o["recovery_steps"] =
           s.recovery_steps ? nlohmann::ordered_json(*s.recovery_steps) : nlohmann::ordered_json();
     }
+    const size_t index = static_cast<size_t>(&s - summaries.data());
+    if (index < runs.size()) {
+      const PolicyRun& run = runs[index];
+      auto& failures = o["failures"] = nlohmann::ordered_json::array();
+      for (const auto& f : run.failures) {
+        failures.push_back({{"lost_ranks", f.lost},
+                            {"step", f.step},
+                            {"error", f.error},
+                            {"caught_ms", f.caught_ms},
+                            {"shrink_ms", f.shrink_ms},
+                            {"recover_ms", f.recover_ms},
+                            {"steps_standing", f.committed},
+                            {"redo", f.redo},
+                            {"survivors", f.survivors},
+                            {"survivors_ideal_ms", f.survivors_ideal_ms}});
+      }
+      if (s.failure_step) {
+        o["after_failure"] = {
+            {"failure_step", *s.failure_step},
+            {"survivors_first_step", s.survivors_first_step},
+            {"before_median_step_ms", s.before_median_step_ms},
+            {"before_median_ratio", s.before_median_ratio},
+            {"failure_cost_ms", s.failure_cost_ms},
+            {"after_median_step_ms", s.after_median_step_ms},
+            {"after_median_ideal_ms", s.after_median_ideal_ms},
+            {"after_median_ratio", s.after_median_ratio},
+            {"reconverge_steps", s.reconverge_steps ? nlohmann::ordered_json(*s.reconverge_steps)
+                                                    : nlohmann::ordered_json()}};
+      }
+      auto& ledger = o["ledger"] = nlohmann::ordered_json::array();
+      bool ok = run.ledger_consistent;
+      for (const auto& e : run.ledger) {
+        ok = ok && e.ok();
+        ledger.push_back({{"epoch", e.epoch},
+                          {"samples", e.expected},
+                          {"exactly_once", e.once},
+                          {"missing", e.missing},
+                          {"duplicated", e.duplicated},
+                          {"beyond", e.outside}});
+      }
+      o["ledger_ok"] = ok;
+      o["ledger_consistent"] = run.ledger_consistent;
+    }
     summary.push_back(std::move(o));
   }
   return j;
@@ -416,6 +775,13 @@ int run(int argc, char** argv) {
   const int world = comm->size();
   checkAgainstWorld(options, world);
 
+  if (options.kill && rank == 0) {
+    std::printf("# --kill: rank %d kills itself in step %d (%s)\n", options.kill->rank,
+                options.kill->step,
+                options.kill->point == Kill::Point::kCompute
+                    ? "after computing, before the gradient all-reduce"
+                    : "after the gradient all-reduce");
+  }
   std::ofstream json_file;
   if (rank == 0 && !options.json.empty()) {
     // Opened now so that a bad path fails before the run, not after it.
@@ -459,14 +825,24 @@ int run(int argc, char** argv) {
 
   std::vector<StepRecord> records;
   std::vector<Summary> summaries;
+  std::vector<PolicyRun> runs;
+  bool ledgers_ok = true;
   for (const auto& policy : options.policies) {
-    auto policy_records = runPolicy(*comm, options, policy, iterations_per_ms, grad);
-    if (rank == 0) {
-      summaries.push_back(summarise(options, policy, policy_records));
+    // The kill happens once, in the first policy; later ones run on the survivors.
+    PolicyRun policy_run = runPolicy(comm, options, policy, iterations_per_ms, grad,
+                                     runs.empty() ? options.kill : std::nullopt);
+    summaries.push_back(summarise(options, policy, policy_run));
+    // Every rank checks (they hold the same ledger); rank 0 prints.
+    bool ok = policy_run.ledger_consistent;
+    for (const auto& e : policy_run.ledger) ok = ok && e.ok();
+    ledgers_ok = ledgers_ok && ok;
+    if (comm->rank() == 0) {
       printSummary(options, summaries.back());
+      printLedger(policy, policy_run);
       std::fflush(stdout);
-      records.insert(records.end(), policy_records.begin(), policy_records.end());
     }
+    records.insert(records.end(), policy_run.records.begin(), policy_run.records.end());
+    runs.push_back(std::move(policy_run));
   }
 
   for (const float g : {grad.front(), grad.back()}) {
@@ -475,10 +851,13 @@ int run(int argc, char** argv) {
                   " (expected 1): sample weighting is wrong");
     }
   }
-  if (rank == 0) {
+  if (comm->rank() == 0) {
     printFinalLine(summaries);
-    if (json_file.is_open()) {
-      json_file << toJson(options, world, all_iterations_per_ms, records, summaries).dump(2)
+    // Rank 0 of the end may not be the one that opened the file (launch rank 0 can be killed).
+    if (!json_file.is_open() && !options.json.empty()) json_file.open(options.json);
+    if (!options.json.empty()) {
+      if (!json_file) throw Error("--json: cannot write '" + options.json + "'");
+      json_file << toJson(options, world, all_iterations_per_ms, records, summaries, runs).dump(2)
                 << "\n";
       json_file.close();
       if (!json_file) throw Error("--json: writing '" + options.json + "' failed");
@@ -486,6 +865,10 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
   comm->barrier();
+  if (!ledgers_ok) {
+    std::fprintf(stderr, "dispatch_bench: the ledger shows samples not processed exactly once\n");
+    return 1;
+  }
   return 0;
 }
 

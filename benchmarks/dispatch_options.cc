@@ -54,7 +54,7 @@ double parsePositive(const std::string& option, const std::string& value) {
 bool isOption(const std::string& key) {
   for (const char* option :
        {"--policies", "--steps", "--warmup", "--batch", "--micro", "--unit-ms", "--speeds",
-        "--slowdown", "--grad-count", "--work", "--json", "--epoch"}) {
+        "--slowdown", "--kill", "--grad-count", "--work", "--json", "--epoch"}) {
     if (key == option) return true;
   }
   return false;
@@ -76,6 +76,13 @@ std::string usage() {
          "  --speeds a,b,...     speed factor per rank, one per rank (default 1 each)\n"
          "  --slowdown R:F:S     from step S on (counted from 0 in each policy) rank R's speed\n"
          "                       is divided by F\n"
+         "  --kill R:S[:POINT]   launch rank R kills itself (SIGKILL) in step S of the first\n"
+         "                       policy; the others shrink the communicator, recover the\n"
+         "                       dispatcher and finish the run (needs railshard-launch\n"
+         "                       --elastic). POINT: compute (default: after computing, before\n"
+         "                       the gradient all-reduce: the step is redone) or commit (after\n"
+         "                       the all-reduce: the step stands). Rank 0 then checks the\n"
+         "                       ledger: every sample of the epoch committed exactly once\n"
          "  --grad-count N       float32 gradient elements all-reduced per step (default\n"
          "                       256K; suffixes K, M)\n"
          "  --work sleep|cpu     sleep (default): wait out the compute time, like a CPU waiting\n"
@@ -138,6 +145,25 @@ BenchOptions parseOptions(int argc, char** argv) {
       slowdown.factor = parsePositive(key + " factor", parts[1]);
       slowdown.step = static_cast<int>(parseInteger(key + " step", parts[2], 0, 1 << 24));
       options.slowdown = slowdown;
+    } else if (key == "--kill") {
+      const auto parts = split(value, ':');
+      if (parts.size() != 2 && parts.size() != 3) {
+        throw UsageError("--kill: expected RANK:STEP[:compute|commit] (e.g. 2:12), got '" + value +
+                         "'");
+      }
+      Kill kill;
+      kill.rank = static_cast<int>(parseInteger(key + " rank", parts[0], 0, 1 << 20));
+      kill.step = static_cast<int>(parseInteger(key + " step", parts[1], 0, 1 << 24));
+      if (parts.size() == 3) {
+        if (parts[2] == "compute") {
+          kill.point = Kill::Point::kCompute;
+        } else if (parts[2] == "commit") {
+          kill.point = Kill::Point::kCommit;
+        } else {
+          throw UsageError("--kill: point must be compute or commit, got '" + parts[2] + "'");
+        }
+      }
+      options.kill = kill;
     } else if (key == "--grad-count") {
       options.grad_count = static_cast<size_t>(parseInteger(key, value, 1, 1LL << 32));
     } else if (key == "--work") {
@@ -162,6 +188,10 @@ BenchOptions parseOptions(int argc, char** argv) {
     throw UsageError("--slowdown: step " + std::to_string(options.slowdown->step) +
                      " is past the last step (--steps " + std::to_string(options.steps) + ")");
   }
+  if (options.kill && options.kill->step >= options.steps) {
+    throw UsageError("--kill: step " + std::to_string(options.kill->step) +
+                     " is past the last step (--steps " + std::to_string(options.steps) + ")");
+  }
   return options;
 }
 
@@ -176,6 +206,11 @@ void checkAgainstWorld(BenchOptions& options, int world) {
     throw UsageError("--slowdown: rank " + std::to_string(options.slowdown->rank) +
                      " does not exist (world size " + std::to_string(world) + ")");
   }
+  if (options.kill && options.kill->rank >= world) {
+    throw UsageError("--kill: rank " + std::to_string(options.kill->rank) +
+                     " does not exist (world size " + std::to_string(world) + ")");
+  }
+  if (options.kill && world < 2) throw UsageError("--kill: needs at least 2 ranks");
   double sum = 0;
   for (double s : options.speeds) sum += s;
   if (options.unit_ms == 0) {

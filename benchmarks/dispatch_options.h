@@ -24,6 +24,17 @@ struct Slowdown {
   int step = 0;  // from this step of each policy on (steps count from 0)
 };
 
+// --kill RANK:STEP[:POINT]: launch rank RANK raises SIGKILL on itself in step STEP of the first
+// policy. kCompute (default): after computing its share, before the gradient all-reduce (the
+// survivors fail in that all-reduce and redo the step); kCommit: after the all-reduce, before
+// the next step (the step stands; the survivors fail in the exchange that follows it).
+struct Kill {
+  enum class Point { kCompute, kCommit };
+  int rank = 0;
+  int step = 0;
+  Point point = Point::kCompute;
+};
+
 struct BenchOptions {
   std::vector<std::string> policies = {"proportional", "equal"};
   int steps = 30;
@@ -33,6 +44,7 @@ struct BenchOptions {
   double unit_ms = 0;          // 0: chosen so that the ideal step is kDefaultIdealStepMs
   std::vector<double> speeds;  // empty: 1 per rank
   std::optional<Slowdown> slowdown;
+  std::optional<Kill> kill;  // needs railshard-launch --elastic
   // 256K floats (1 MiB, ~1 ms here): the issue asked for 1M, but on this 2-core machine 1M
   // floats take ~5 ms to all-reduce across 3 ranks, ~10% of a 50 ms step on their own; that is
   // the all-reduce's cost, not the dispatcher's, and would hide what this benchmark is about.

@@ -279,6 +279,420 @@ TEST(Dispatcher, LeastLoadedCountsQueuedWorkAndWeightedUsesStaticWeights) {
   EXPECT_THROW(Dispatcher(3, 10, wrr), InvalidArgument);  // 2 weights for 3 ranks
 }
 
+// ---- elastic continuation (pure: ElasticState) ----
+
+// Where the lost rank is when it dies in step k, and how far each survivor gets past that.
+enum class FailurePoint {
+  kBeforeAllreduce,  // it computed step k and dies: every survivor fails in k's all-reduce
+  kInAllreduce,      // it sent its part of k's all-reduce: survivors in `through` complete it
+                     // (and fail in step k+1's all-gather), the others fail in it
+  kAfterAllreduce,   // everyone completed k's all-reduce; survivors fail in k+1's all-gather
+  kInGather,         // it sent its report in k+1's all-gather: survivors in `through` get
+                     // the plan of k+1 and compute it (and fail in its all-reduce), the
+                     // others fail in the all-gather
+};
+
+const char* pointName(FailurePoint point) {
+  switch (point) {
+    case FailurePoint::kBeforeAllreduce:
+      return "before all-reduce";
+    case FailurePoint::kInAllreduce:
+      return "in all-reduce";
+    case FailurePoint::kAfterAllreduce:
+      return "after all-reduce";
+    case FailurePoint::kInGather:
+      return "in next all-gather";
+  }
+  return "?";
+}
+
+struct Failure {
+  int attempt = 0;  // the attempt (a step run, redone steps counted again) it hits
+  int rank = 0;
+  FailurePoint point = FailurePoint::kBeforeAllreduce;
+  std::vector<bool> through;  // by rank: survivors that get past the failing collective
+};
+
+// Ranks of a data-parallel job as the step protocol sees them, with a model that is nothing
+// but a count per (epoch, sample) of how often its gradient went into the weights: the
+// independent reference. An all-reduce adds every participant's computed ranges to the model
+// of each rank that completes it; undoing a step subtracts them again.
+class ElasticCluster {
+ public:
+  ElasticCluster(const std::vector<double>& speeds, uint64_t epoch, DispatchOptions options,
+                 size_t batch)
+      : batch_(batch), epoch_(epoch) {
+    for (const double speed : speeds) {
+      ranks_.push_back(Rank{ElasticState(static_cast<int>(speeds.size()), epoch, options), speed});
+    }
+  }
+
+  // Runs attempts until the epoch's last step is committed, injecting `failures`.
+  void runEpoch(const std::vector<Failure>& failures) {
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      const Failure* failure = nullptr;
+      for (const Failure& f : failures) {
+        if (f.attempt == attempt && ranks_[static_cast<size_t>(f.rank)].alive) failure = &f;
+      }
+      runAttempt(failure);
+      // Steps are numbered on through epochs: epoch 0 is over when its last one is committed.
+      if (survivor().state.committed() >= (epoch_ + batch_ - 1) / batch_) return;
+    }
+    FAIL() << "epoch never finished";
+  }
+
+  // Every survivor's model holds each sample of epoch 0 exactly once and nothing else.
+  void expectEachSampleOnce() const {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const Rank& rank = ranks_[r];
+      if (!rank.alive) continue;
+      std::vector<int> counts(epoch_, 0);
+      for (const auto& [key, times] : rank.model) {
+        ASSERT_EQ(key.first, 0u) << "rank " << r << ": a sample of epoch " << key.first;
+        ASSERT_LT(key.second, epoch_);
+        counts[key.second] = times;
+      }
+      size_t missing = 0, repeated = 0;
+      for (uint64_t i = 0; i < epoch_; ++i) {
+        missing += counts[i] == 0;
+        repeated += counts[i] > 1;
+      }
+      EXPECT_EQ(missing, 0u) << "rank " << r;
+      EXPECT_EQ(repeated, 0u) << "rank " << r;
+    }
+  }
+
+  std::vector<Recovery> recoveries;  // of the first survivor, one per failure
+  std::vector<bool> undone;          // any survivor undid a step, per failure
+  const ElasticState& state(int r) const { return ranks_[static_cast<size_t>(r)].state; }
+
+ private:
+  struct Rank {
+    ElasticState state;
+    double speed = 1;
+    bool alive = true;
+    std::vector<Range> computing;
+    uint64_t computing_epoch = 0;
+    RankReport report;
+    std::map<std::pair<uint64_t, uint64_t>, int> model;
+    std::vector<std::pair<uint64_t, Range>> last_applied;
+  };
+  using Contribution = std::vector<std::pair<uint64_t, Range>>;
+
+  const Rank& survivor() const {
+    for (const Rank& r : ranks_) {
+      if (r.alive) return r;
+    }
+    throw std::logic_error("nobody alive");
+  }
+
+  // The start-of-step all-gather has passed on `rank`: it commits what it ran (it is past the
+  // step) and plans the next step, or takes the step to redo.
+  void startStep(Rank& rank, const std::vector<RankReport>& reports) {
+    if (rank.state.redoPending()) {
+      const StepPlan& plan = rank.state.takeRedo();
+      rank.computing = plan.ranges[index(rank)];
+    } else {
+      if (rank.state.dispatcher().stepOpen() && !rank.state.openStepCommitted()) {
+        rank.state.commit();
+      }
+      rank.computing = rank.state.advance(batch_, reports).ranges[index(rank)];
+    }
+    rank.computing_epoch = rank.state.dispatcher().epoch();
+  }
+  void compute(Rank& rank) {
+    double samples = 0;
+    for (const Range& r : rank.computing) samples += static_cast<double>(r.size());
+    rank.report = RankReport{samples, samples / rank.speed, {}, 0};
+  }
+  std::vector<RankReport> reports() const {
+    std::vector<RankReport> all(ranks_.size());
+    for (size_t r = 0; r < ranks_.size(); ++r) all[r] = ranks_[r].report;
+    return all;
+  }
+  Contribution contributions(const std::vector<size_t>& participants) const {
+    Contribution all;
+    for (const size_t r : participants) {
+      for (const Range& range : ranks_[r].computing) {
+        all.emplace_back(ranks_[r].computing_epoch, range);
+      }
+    }
+    return all;
+  }
+  void apply(Rank& rank, const Contribution& contribution) {
+    for (const auto& [epoch, range] : contribution) {
+      for (uint64_t i = range.begin; i < range.end; ++i) ++rank.model[{epoch, i}];
+    }
+    rank.last_applied = contribution;
+    rank.state.commit();
+  }
+  size_t index(const Rank& rank) const { return static_cast<size_t>(&rank - ranks_.data()); }
+  std::vector<size_t> live() const {
+    std::vector<size_t> out;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (ranks_[r].alive) out.push_back(r);
+    }
+    return out;
+  }
+
+  void runAttempt(const Failure* failure) {
+    const std::vector<size_t> everyone = live();
+    // A redo needs no all-gather; otherwise the reports of the live ranks.
+    const std::vector<RankReport> gathered = reports();
+    for (const size_t r : everyone) startStep(ranks_[r], gathered);
+    for (const size_t r : everyone) compute(ranks_[r]);
+    const Contribution all = contributions(everyone);
+    if (failure == nullptr) {
+      for (const size_t r : everyone) apply(ranks_[r], all);
+      return;
+    }
+    Rank& dead = ranks_[static_cast<size_t>(failure->rank)];
+    const auto through = [&](size_t r) {
+      return r < failure->through.size() && failure->through[r];
+    };
+    switch (failure->point) {
+      case FailurePoint::kBeforeAllreduce:
+        dead.alive = false;
+        break;
+      case FailurePoint::kInAllreduce:
+        dead.alive = false;
+        for (const size_t r : live()) {
+          if (through(r)) apply(ranks_[r], all);
+        }
+        break;
+      case FailurePoint::kAfterAllreduce:
+        for (const size_t r : everyone) apply(ranks_[r], all);
+        dead.alive = false;
+        break;
+      case FailurePoint::kInGather: {
+        for (const size_t r : everyone) apply(ranks_[r], all);
+        const std::vector<RankReport> next = reports();
+        dead.alive = false;
+        for (const size_t r : live()) {
+          if (!through(r)) continue;
+          startStep(ranks_[r], next);
+          compute(ranks_[r]);
+        }
+        break;
+      }
+    }
+    recover();
+  }
+
+  // Every survivor: shrink (here: the survivor set) and recover.
+  void recover() {
+    const std::vector<size_t> survivors = live();
+    std::vector<Position> positions;
+    std::vector<bool> survives(ranks_.size(), false);
+    for (const size_t r : survivors) {
+      positions.push_back(ranks_[r].state.position());
+      survives[r] = true;
+    }
+    std::reverse(positions.begin(), positions.end());  // any order will do
+    bool any_undo = false;
+    std::vector<uint64_t> fingerprints;
+    for (const size_t r : survivors) {
+      Rank& rank = ranks_[r];
+      const uint64_t committed_before = rank.state.committed();
+      const Recovery recovery = rank.state.recover(positions, survives);
+      EXPECT_EQ(recovery.undo_last_step, committed_before > recovery.committed);
+      if (recovery.undo_last_step) {
+        // Back to the model before the last step: what an application restores from its
+        // one-step snapshot.
+        for (const auto& [epoch, range] : rank.last_applied) {
+          for (uint64_t i = range.begin; i < range.end; ++i) --rank.model[{epoch, i}];
+        }
+        any_undo = true;
+      }
+      rank.last_applied.clear();
+      if (r == survivors.front()) recoveries.push_back(recovery);
+      fingerprints.push_back(rank.state.fingerprint());
+    }
+    undone.push_back(any_undo);
+    for (const uint64_t f : fingerprints) ASSERT_EQ(f, fingerprints.front());
+    for (auto& rank : ranks_) rank.report = RankReport{};
+    for (auto& rank : ranks_) {
+      std::erase_if(rank.model, [](const auto& entry) { return entry.second == 0; });
+    }
+  }
+
+  size_t batch_;
+  uint64_t epoch_;
+  std::vector<Rank> ranks_;
+};
+
+TEST(ElasticState, EverySampleOnceWhereverAStepIsHitAndHoweverFarSurvivorsGot) {
+  const uint64_t epoch = 1000;  // 10 steps of 96 and a tail of 40
+  const size_t batch = 96;
+  int scenarios = 0;
+  for (const Policy policy : {Policy::kProportional, Policy::kRoundRobin,
+                              Policy::kWeightedRoundRobin, Policy::kLeastLoaded}) {
+    for (const FailurePoint point : {FailurePoint::kBeforeAllreduce, FailurePoint::kInAllreduce,
+                                     FailurePoint::kAfterAllreduce, FailurePoint::kInGather}) {
+      for (const int attempt : {0, 1, 4, 9, 10}) {  // 10: the epoch's last (tail) step
+        for (int mask = 0; mask < 8; ++mask) {      // which of survivors 0, 1, 3 get through
+          SCOPED_TRACE(std::string(name(policy)) + ", rank 2 lost " + pointName(point) +
+                       " of attempt " + std::to_string(attempt) + ", through mask " +
+                       std::to_string(mask));
+          DispatchOptions options;
+          options.policy = policy;
+          options.micro_batch = 5;
+          options.weights = {1, 2, 3, 4};
+          ElasticCluster cluster({10, 20, 30, 40}, epoch, options, batch);
+          Failure failure{
+              attempt, 2, point, {(mask & 1) != 0, (mask & 2) != 0, false, (mask & 4) != 0}};
+          cluster.runEpoch({failure});
+          cluster.expectEachSampleOnce();
+          ASSERT_EQ(cluster.recoveries.size(), 1u);
+          const Recovery& recovery = cluster.recoveries[0];
+          EXPECT_THAT(recovery.failed, ElementsAre(2));
+          // Which way the survivors went depends only on where they stood.
+          const bool all = mask == 7, none = mask == 0;
+          switch (point) {
+            case FailurePoint::kBeforeAllreduce:
+              EXPECT_TRUE(recovery.redo);
+              EXPECT_EQ(recovery.committed, static_cast<uint64_t>(attempt));
+              EXPECT_FALSE(cluster.undone[0]);
+              break;
+            case FailurePoint::kInAllreduce:
+              // Some completed step k: it is undone unless all did.
+              EXPECT_EQ(recovery.redo, !all);
+              EXPECT_EQ(recovery.committed, static_cast<uint64_t>(attempt + (all ? 1 : 0)));
+              EXPECT_EQ(cluster.undone[0], !all && !none);
+              break;
+            case FailurePoint::kAfterAllreduce:
+              EXPECT_FALSE(recovery.redo);
+              EXPECT_EQ(recovery.committed, static_cast<uint64_t>(attempt + 1));
+              EXPECT_FALSE(cluster.undone[0]);
+              break;
+            case FailurePoint::kInGather:
+              EXPECT_EQ(recovery.committed, static_cast<uint64_t>(attempt + 1));
+              // The last step has no next step to plan in this epoch... but the next
+              // epoch's first step: planned by those through, so the same rule holds.
+              EXPECT_EQ(recovery.redo, all);
+              EXPECT_FALSE(cluster.undone[0]);
+              break;
+          }
+          ++scenarios;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(scenarios, 4 * 4 * 5 * 8);
+}
+
+TEST(ElasticState, TwoFailuresAtRandomPointsStillEverySampleOnce) {
+  std::mt19937 rng(11);
+  const std::vector<Policy> policies = {Policy::kProportional, Policy::kRoundRobin,
+                                        Policy::kWeightedRoundRobin, Policy::kLeastLoaded};
+  const std::vector<FailurePoint> points = {FailurePoint::kBeforeAllreduce,
+                                            FailurePoint::kInAllreduce,
+                                            FailurePoint::kAfterAllreduce, FailurePoint::kInGather};
+  for (int trial = 0; trial < 400; ++trial) {
+    DispatchOptions options;
+    options.policy = policies[rng() % policies.size()];
+    options.micro_batch = 1 + rng() % 7;
+    options.weights = {5, 1, 2, 3, 4};
+    const size_t batch = 50 + rng() % 100;
+    const uint64_t epoch = batch * (10 + rng() % 4) + rng() % batch;  // >= 10 steps
+    std::vector<Failure> failures(2);
+    failures[0].rank = static_cast<int>(rng() % 5);
+    failures[1].rank = static_cast<int>((failures[0].rank + 1 + rng() % 4) % 5);
+    failures[0].attempt = static_cast<int>(rng() % 6);
+    // The second can hit the very attempt that redoes the first one's step.
+    failures[1].attempt = failures[0].attempt + 1 + static_cast<int>(rng() % 3);
+    std::string trace = "trial " + std::to_string(trial) + " " + std::string(name(options.policy));
+    for (Failure& f : failures) {
+      f.point = points[rng() % points.size()];
+      f.through.resize(5);
+      for (size_t r = 0; r < 5; ++r) f.through[r] = rng() % 2 == 0;
+      trace += ", rank " + std::to_string(f.rank) + " lost " + pointName(f.point) + " of attempt " +
+               std::to_string(f.attempt);
+    }
+    SCOPED_TRACE(trace);
+    ElasticCluster cluster({1, 5, 2, 3, 4}, epoch, options, batch);
+    cluster.runEpoch(failures);
+    cluster.expectEachSampleOnce();
+    EXPECT_EQ(cluster.recoveries.size(), 2u);
+    if (HasFailure()) break;
+  }
+}
+
+TEST(ElasticState, EstimatesSurviveAndTheRedoneStepIsSharedByTheSurvivorsSpeeds) {
+  DispatchOptions options;
+  options.micro_batch = 4;
+  // Ranks 1:2:4 (samples/s); rank 2 dies after computing step 3, before its all-reduce.
+  ElasticCluster cluster({100, 200, 400}, 280 * 8, options, 280);
+  cluster.runEpoch({Failure{3, 2, FailurePoint::kBeforeAllreduce, {}}});
+  cluster.expectEachSampleOnce();
+  ASSERT_EQ(cluster.recoveries.size(), 1u);
+  EXPECT_TRUE(cluster.recoveries[0].redo);
+  EXPECT_EQ(cluster.recoveries[0].committed, 3u);
+  // The estimates of ranks 0 and 1 are kept (no warm-up split after the failure).
+  const Dispatcher& d = cluster.state(0).dispatcher();
+  EXPECT_NEAR(d.estimator().rate(0), 100, 1e-6);
+  EXPECT_NEAR(d.estimator().rate(1), 200, 1e-6);
+  EXPECT_FALSE(d.alive(2));
+  // The last plan (step 7) splits 280 as 1:2 in whole micro-batches: 23 and 47 units.
+  EXPECT_THAT(d.current().samples, ElementsAre(92, 188, 0));
+
+  // The redone step: rank 2's 160 samples of step 3 went 1:2 to the survivors (13 and 27
+  // micro-batches), on top of their own 40 and 80.
+  ElasticState lone(3, 280 * 8, options);
+  const std::vector<RankReport> none(3);
+  std::vector<RankReport> reports = {{40, 0.4, {}, 0}, {80, 0.4, {}, 0}, {160, 0.4, {}, 0}};
+  lone.advance(280, none);
+  lone.commit();
+  lone.advance(280, reports);
+  EXPECT_THAT(lone.dispatcher().current().samples, ElementsAre(40, 80, 160));
+  const Recovery recovery = lone.recover({lone.position(), lone.position()}, {true, true, false});
+  EXPECT_TRUE(recovery.redo);
+  EXPECT_FALSE(recovery.undo_last_step);
+  EXPECT_EQ(recovery.committed, 1u);
+  EXPECT_THAT(lone.dispatcher().current().samples, ElementsAre(92, 188, 0));
+  EXPECT_EQ(lone.dispatcher().current().total(), 280u);
+  EXPECT_THROW(lone.advance(280, reports), InvalidArgument);  // the redo comes first
+  EXPECT_EQ(lone.takeRedo().step, 1u);
+}
+
+TEST(ElasticState, PositionsThatCannotComeFromOneRunAreRefused) {
+  ElasticState state(3, 1000, {});
+  state.advance(10, std::vector<RankReport>(3));
+  state.commit();
+  try {
+    // One survivor claims 5 steps committed while this one has 1: not one run.
+    state.recover({state.position(), Position{5, 5, true}}, {true, true, false});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("more than one step apart"));
+  }
+  EXPECT_THROW(state.recover({state.position()}, {true, true}), InvalidArgument);
+  // An uncommitted step cannot be completed.
+  ElasticState fresh(2, 1000, {});
+  fresh.advance(10, std::vector<RankReport>(2));
+  EXPECT_THROW(fresh.advance(10, std::vector<RankReport>(2)), InvalidArgument);
+  fresh.commit();
+  EXPECT_THROW(fresh.commit(), InvalidArgument);
+}
+
+TEST(Dispatcher, UnplanGivesTheStepBack) {
+  Dispatcher d(3, 1000, {});
+  d.plan(90);
+  d.completeStep();
+  const uint64_t before = d.stateFingerprint();
+  d.plan(90);
+  d.markFailed(1);
+  d.unplan();
+  EXPECT_EQ(d.assigned(), 90u);
+  EXPECT_EQ(d.completedSteps(), 1u);
+  EXPECT_NE(d.stateFingerprint(), before);  // rank 1 stays failed
+  const StepPlan& again = d.plan(90);
+  EXPECT_EQ(again.step, 1u);
+  EXPECT_EQ(again.ranges[0][0].begin, 90u);
+  EXPECT_THAT(again.samples, ElementsAre(45, 0, 45));
+  EXPECT_THROW(Dispatcher(2, 10, {}).unplan(), InvalidArgument);
+}
+
 // ---- over a real communicator ----
 
 std::vector<std::unique_ptr<Communicator>> makeWorld(

@@ -1,5 +1,6 @@
 #include "core/dispatch/collective_dispatcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -53,16 +54,49 @@ DispatchOptions withTopologyWeights(const Communicator& comm, DispatchOptions op
   return options;
 }
 
+// Launch rank of each member of `comm`, by rank (identity where the communicator has none).
+std::vector<int> launchRanks(const Communicator& comm) {
+  std::vector<int> ranks = comm.worldRanks();
+  if (ranks.size() != static_cast<size_t>(comm.size())) {
+    ranks.resize(static_cast<size_t>(comm.size()));
+    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+  }
+  return ranks;
+}
+
+// What a survivor tells the others in recover().
+struct WirePosition {
+  uint64_t committed;
+  uint64_t completed;
+  uint64_t open;
+  uint64_t rank;  // the dispatcher's numbering
+};
+static_assert(sizeof(WirePosition) == 32);
+
 }  // namespace
 
 CollectiveDispatcher::CollectiveDispatcher(Communicator& comm, uint64_t epoch_size,
                                            DispatchOptions options)
-    : comm_(comm),
-      dispatcher_(comm.size(), epoch_size, withTopologyWeights(comm, std::move(options))) {
+    : comm_(&comm),
+      state_(comm.size(), epoch_size, withTopologyWeights(comm, std::move(options))),
+      members_(launchRanks(comm)),
+      my_rank_(comm.rank()) {
+  ranks_.resize(static_cast<size_t>(comm.size()));
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r] = static_cast<int>(r);
   log_every_ = comm.config().dispatch_log_every;
 }
 
 const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
+  if (state_.redoPending()) {
+    // recover() agreed on this step and checked every survivor holds the same plan.
+    gather_seconds_ = 0;
+    plan_seconds_ = 0;
+    mine_ = RankReport{};
+    return state_.takeRedo().ranges[static_cast<size_t>(my_rank_)];
+  }
+  // The caller is past the step's gradient all-reduce: the step is applied here.
+  if (state_.dispatcher().stepOpen() && !state_.openStepCommitted()) state_.commit();
+  const bool have_step = state_.dispatcher().stepOpen();
   const auto gather_start = Clock::now();
   WireReport mine{};
   mine.samples = mine_.samples;
@@ -71,53 +105,45 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   mine.memory_bytes = mine_.load.memory_bytes;
   mine.gpu_utilization = mine_.load.gpu_utilization;
   mine.gpu_memory_bytes = mine_.load.gpu_memory_bytes;
-  mine.plan_fingerprint = have_step_ ? dispatcher_.current().fingerprint() : 0;
-  mine.has_report = have_step_ ? 1 : 0;
-  std::vector<WireReport> all(static_cast<size_t>(comm_.size()));
-  comm_.allgather(&mine, all.data(), sizeof(WireReport), DataType::kUInt8);
+  mine.plan_fingerprint = have_step ? state_.dispatcher().current().fingerprint() : 0;
+  mine.has_report = have_step ? 1 : 0;
+  std::vector<WireReport> all(static_cast<size_t>(comm_->size()));
+  comm_->allgather(&mine, all.data(), sizeof(WireReport), DataType::kUInt8);
   gather_seconds_ = secondsSince(gather_start);
 
   const auto plan_start = Clock::now();
-  reports_.assign(all.size(), RankReport{});
+  reports_.assign(static_cast<size_t>(state_.dispatcher().worldSize()), RankReport{});
   for (size_t r = 0; r < all.size(); ++r) {
     const WireReport& w = all[r];
-    reports_[r] = RankReport{
+    reports_[static_cast<size_t>(ranks_[r])] = RankReport{
         w.samples, w.seconds,
         LoadSignals{w.queued_samples, w.memory_bytes, w.gpu_utilization, w.gpu_memory_bytes},
         w.plan_fingerprint};
   }
-  if (have_step_) {
-    // Every rank must have run the same plan; a difference means the ranks' dispatchers
-    // diverged (different options, different binaries), and training would skip or repeat
-    // samples. Say so everywhere.
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r].plan_fingerprint != all[0].plan_fingerprint || all[r].has_report != 1) {
-        throw MismatchError("dispatcher: rank " + std::to_string(r) + " ran step " +
-                            std::to_string(dispatcher_.current().step) + " with plan " +
-                            std::to_string(all[r].plan_fingerprint) + ", rank 0 with " +
-                            std::to_string(all[0].plan_fingerprint) +
-                            " (same DispatchOptions and batch sizes on every rank?)");
-      }
+  // Every rank must have run the same plan; a difference means the ranks' dispatchers
+  // diverged (different options, different binaries), and training would skip or repeat
+  // samples. Say so everywhere.
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].plan_fingerprint != all[0].plan_fingerprint ||
+        all[r].has_report != all[0].has_report) {
+      throw MismatchError("dispatcher: rank " + std::to_string(ranks_[r]) + " ran step " +
+                          std::to_string(state_.dispatcher().current().step) + " with plan " +
+                          std::to_string(all[r].plan_fingerprint) + ", rank " +
+                          std::to_string(ranks_[0]) + " with " +
+                          std::to_string(all[0].plan_fingerprint) +
+                          " (same DispatchOptions and batch sizes on every rank?)");
     }
-    // Same reports in the same order on every rank: same estimates, same next plan.
-    for (size_t r = 0; r < all.size(); ++r) {
-      dispatcher_.report(static_cast<int>(r), all[r].samples, all[r].seconds);
-      dispatcher_.setQueued(static_cast<int>(r), all[r].queued_samples);
-    }
-    dispatcher_.completeStep();
   }
-  if (dispatcher_.epochDone()) dispatcher_.newEpoch();
-  const StepPlan& plan = dispatcher_.plan(global_batch);
-  have_step_ = true;
+  const StepPlan& plan = state_.advance(global_batch, reports_);
   mine_ = RankReport{};
   plan_seconds_ = secondsSince(plan_start);
   ++steps_;
-  if (log_every_ > 0 && comm_.rank() == 0 && steps_ % static_cast<uint64_t>(log_every_) == 0) {
-    RS_LOG_INFO("dispatch {}", describe(plan, dispatcher_.estimator()));
+  if (log_every_ > 0 && comm_->rank() == 0 && steps_ % static_cast<uint64_t>(log_every_) == 0) {
+    RS_LOG_INFO("dispatch {}", describe(plan, state_.dispatcher().estimator()));
   } else {
-    RS_LOG_DEBUG("dispatch {}", describe(plan, dispatcher_.estimator()));
+    RS_LOG_DEBUG("dispatch {}", describe(plan, state_.dispatcher().estimator()));
   }
-  return plan.ranges[static_cast<size_t>(comm_.rank())];
+  return plan.ranges[static_cast<size_t>(my_rank_)];
 }
 
 void CollectiveDispatcher::finishStep(double samples, double seconds, const LoadSignals& load) {
@@ -126,15 +152,91 @@ void CollectiveDispatcher::finishStep(double samples, double seconds, const Load
   mine_.load = load;
 }
 
+void CollectiveDispatcher::commitStep() {
+  state_.commit();
+}
+
+Recovery CollectiveDispatcher::recover(Communicator& survivors) {
+  const auto start = Clock::now();
+  const std::vector<int> launch = launchRanks(survivors);
+  std::vector<int> ranks(launch.size());
+  std::vector<bool> survives(static_cast<size_t>(state_.dispatcher().worldSize()), false);
+  for (size_t r = 0; r < launch.size(); ++r) {
+    const auto it = std::find(members_.begin(), members_.end(), launch[r]);
+    if (it == members_.end()) {
+      throw InvalidArgument("CollectiveDispatcher::recover: launch rank " +
+                            std::to_string(launch[r]) +
+                            " was not a member of the group this dispatcher was built on");
+    }
+    ranks[r] = static_cast<int>(it - members_.begin());
+    survives[static_cast<size_t>(ranks[r])] = true;
+  }
+  const int me = ranks[static_cast<size_t>(survivors.rank())];
+  if (me != my_rank_) {
+    throw InvalidArgument("CollectiveDispatcher::recover: this process is rank " +
+                          std::to_string(my_rank_) + " here but " + std::to_string(me) +
+                          " among the survivors");
+  }
+
+  const Position position = state_.position();
+  const WirePosition wire{position.committed, position.completed, position.open ? 1u : 0u,
+                          static_cast<uint64_t>(my_rank_)};
+  std::vector<WirePosition> all(launch.size());
+  survivors.allgather(&wire, all.data(), sizeof(WirePosition), DataType::kUInt8);
+  std::vector<Position> positions;
+  for (const WirePosition& w : all) positions.push_back({w.committed, w.completed, w.open != 0});
+  const Recovery recovery = state_.recover(positions, survives);
+
+  // Every survivor must now hold the same dispatcher: same plan for the step to redo, same
+  // epoch position, same estimates. A difference would repeat or drop samples later.
+  const uint64_t fingerprint = state_.fingerprint();
+  std::vector<uint64_t> fingerprints(launch.size());
+  survivors.allgather(&fingerprint, fingerprints.data(), sizeof(uint64_t), DataType::kUInt8);
+  for (size_t r = 0; r < fingerprints.size(); ++r) {
+    if (fingerprints[r] != fingerprints[0]) {
+      throw MismatchError("dispatcher recovery: rank " + std::to_string(ranks[r]) +
+                          " ended in state " + std::to_string(fingerprints[r]) + ", rank " +
+                          std::to_string(ranks[0]) + " in " + std::to_string(fingerprints[0]));
+    }
+  }
+  comm_ = &survivors;
+  ranks_ = ranks;
+  mine_ = RankReport{};
+  recover_seconds_ = secondsSince(start);
+  if (survivors.rank() == 0) {
+    std::string failed;
+    for (const int r : recovery.failed) {
+      if (!failed.empty()) failed += ',';
+      failed += std::to_string(r);
+    }
+    RS_LOG_INFO(
+        "dispatch: recovered on {} ranks (lost [{}]); steps 0..{} stand, step {} {} ({:.1f} ms)",
+        survivors.size(), failed, static_cast<long long>(recovery.committed) - 1,
+        recovery.committed, recovery.redo ? "is redone with reassigned ranges" : "is replanned",
+        recover_seconds_ * 1e3);
+  }
+  return recovery;
+}
+
 size_t CollectiveDispatcher::mySamples() const {
-  if (!have_step_) return 0;
-  return dispatcher_.current().samples[static_cast<size_t>(comm_.rank())];
+  const StepPlan& plan = state_.dispatcher().current();
+  if (plan.samples.empty()) return 0;
+  return plan.samples[static_cast<size_t>(my_rank_)];
+}
+
+const std::vector<Range>& CollectiveDispatcher::myRanges() const {
+  static const std::vector<Range> kNone;
+  const StepPlan& plan = state_.dispatcher().current();
+  if (plan.ranges.empty()) return kNone;
+  return plan.ranges[static_cast<size_t>(my_rank_)];
 }
 
 bool CollectiveDispatcher::epochDone() const {
   // The open step's samples count as done once it is run: the epoch ends with the step that
   // assigns its last samples.
-  return have_step_ && dispatcher_.assigned() == dispatcher_.epochSize();
+  const Dispatcher& d = state_.dispatcher();
+  if (d.epochDone()) return true;
+  return d.stepOpen() && d.assigned() == d.epochSize();
 }
 
 }  // namespace railshard::dispatch

@@ -5,28 +5,13 @@
 #include <vector>
 
 #include "core/dispatch/dispatcher.h"
+#include "core/dispatch/elastic_state.h"
 
 namespace railshard {
 class Communicator;
 }
 
 namespace railshard::dispatch {
-
-// What a rank says about its last step, beyond samples and seconds. All optional (0 = unknown).
-struct LoadSignals {
-  double queued_samples = 0;    // work waiting at the rank (least_loaded uses it)
-  double memory_bytes = 0;      // host memory in use
-  double gpu_utilization = 0;   // 0..1
-  double gpu_memory_bytes = 0;  // device memory in use
-};
-
-// One rank's report as every rank sees it after the per-step all-gather.
-struct RankReport {
-  double samples = 0;
-  double seconds = 0;
-  LoadSignals load;
-  uint64_t plan_fingerprint = 0;  // the plan the rank ran
-};
 
 // The Dispatcher on every rank of a communicator. Each step, one all-gather of a 64-byte
 // report per rank carries last step's measurements (and the fingerprint of the plan each rank
@@ -39,40 +24,82 @@ struct RankReport {
 //     for (auto range : d.nextStep(global_batch)) { ... train on samples in range ... }
 //     d.finishStep(samples, compute_seconds);
 //     allreduceSampleMean(*comm, grad, n, kFloat32, d.mySamples(), d.stepSamples());
+//     d.commitStep();  // optional: nextStep() commits the previous step when it was not
 //   } while (!d.epochDone());
+//
+// Elastic continuation: when a collective raises (a peer was lost), every survivor calls
+// comm->shrink() and then recover(*survivors); the loop goes on with nextStep(), which hands
+// out the step to redo (see recover()). Ranks keep their numbers from the communicator the
+// dispatcher was built on (for init()'s, the launch rank) in plans, reports and estimates.
 class CollectiveDispatcher {
  public:
   CollectiveDispatcher(Communicator& comm, uint64_t epoch_size, DispatchOptions options);
 
   // Gathers every rank's report of the previous step, completes it, and plans the next one.
-  // Returns this rank's ranges. Collective: every rank calls it once per step.
+  // Returns this rank's ranges. Collective: every rank calls it once per step. After a
+  // recover() with Recovery::redo it returns the step to redo instead, without a collective
+  // (global_batch is then ignored).
   const std::vector<Range>& nextStep(size_t global_batch);
   // This rank's measurement of the step just run (compute time only, not waiting).
   void finishStep(double samples, double seconds, const LoadSignals& load = {});
+  // This rank applied the current step (its gradient all-reduce succeeded). What recover()
+  // agrees on is the steps every survivor committed. Calling it is optional: nextStep()
+  // commits a step it finds uncommitted, since the caller has moved past it.
+  void commitStep();
+  // Steps this rank committed (all epochs): the number of the next step to commit.
+  uint64_t committedSteps() const { return state_.committed(); }
+
+  // Continues on `survivors` (comm->shrink() of the communicator this dispatcher ran on, or a
+  // later shrink). Collective over the survivors. Members of the old group that are not in
+  // it are marked failed; the survivors agree (an all-gather of their positions) on the last
+  // step every one of them committed, c, and undo anything later: when all of them had step
+  // c planned it stays, the lost ranks' ranges of it moved to survivors by the policy, and
+  // nextStep() hands it out again (Recovery::redo); otherwise step c is planned afresh among
+  // the survivors by the next nextStep(). A survivor that had applied step c gets
+  // Recovery::undo_last_step and must restore its model from before that step. Throughput
+  // estimates are kept. A second all-gather checks every survivor ended in the same state
+  // (MismatchError otherwise). The dispatcher uses `survivors` from now on; it must outlive
+  // the dispatcher or the next recover(). If recover() itself fails (another peer lost),
+  // shrink again and call recover() again.
+  Recovery recover(Communicator& survivors);
 
   size_t mySamples() const;
-  size_t stepSamples() const { return dispatcher_.current().total(); }
-  const StepPlan& plan() const { return dispatcher_.current(); }
-  // The reports gathered at the start of the current step (last step's), by rank.
+  size_t stepSamples() const { return state_.dispatcher().current().total(); }
+  const StepPlan& plan() const { return state_.dispatcher().current(); }
+  // This rank's ranges of the current step.
+  const std::vector<Range>& myRanges() const;
+  // This rank in the dispatcher's numbering (its rank in the communicator it was built on).
+  int myRank() const { return my_rank_; }
+  // The reports gathered at the start of the current step (last step's), by rank (the
+  // dispatcher's numbering; zeros for failed ranks).
   const std::vector<RankReport>& lastReports() const { return reports_; }
-  // The current step hands out the epoch's last samples; the next nextStep() starts a new
-  // epoch.
+  // The current step hands out the epoch's last samples (or the epoch is complete); the next
+  // nextStep() starts a new epoch.
   bool epochDone() const;
-  Dispatcher& dispatcher() { return dispatcher_; }
+  Dispatcher& dispatcher() { return state_.dispatcher(); }
+  const ElasticState& state() const { return state_; }
   // Time nextStep() spent in its all-gather and in planning, last call (seconds).
   double lastGatherSeconds() const { return gather_seconds_; }
   double lastPlanSeconds() const { return plan_seconds_; }
+  // Time the last recover() took (seconds).
+  double lastRecoverSeconds() const { return recover_seconds_; }
 
  private:
-  Communicator& comm_;
-  Dispatcher dispatcher_;
+  Communicator* comm_;
+  ElasticState state_;
+  // Launch ("world") rank of each of the dispatcher's ranks: the members of the communicator
+  // it was built on; recover() finds survivors in it.
+  std::vector<int> members_;
+  // The dispatcher rank of each rank of comm_.
+  std::vector<int> ranks_;
+  int my_rank_ = 0;
   RankReport mine_;
   std::vector<RankReport> reports_;
-  bool have_step_ = false;
   uint64_t steps_ = 0;
   int log_every_ = 0;
   double gather_seconds_ = 0;
   double plan_seconds_ = 0;
+  double recover_seconds_ = 0;
 };
 
 }  // namespace railshard::dispatch

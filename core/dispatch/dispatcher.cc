@@ -1,6 +1,7 @@
 #include "core/dispatch/dispatcher.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/base/error.h"
@@ -224,6 +225,34 @@ int Dispatcher::addRank(double weight) {
     plan_.ranges.emplace_back();
   }
   return estimator_.addRank();
+}
+
+void Dispatcher::unplan() {
+  if (!step_open_) throw InvalidArgument("Dispatcher::unplan: no step is open");
+  // plan() advanced the cursor by the batch and markFailed() only moves ranges between
+  // ranks, so the plan's total is what goes back.
+  cursor_ -= plan_.total();
+  next_step_ = plan_.step;
+  step_open_ = false;
+  plan_ = StepPlan{};
+  plan_.step = next_step_;
+  plan_.samples.assign(alive_.size(), 0);
+  plan_.ranges.assign(alive_.size(), {});
+}
+
+uint64_t Dispatcher::stateFingerprint() const {
+  Fnv1a h;
+  h.add(epoch_).add(cursor_).add(done_).add(next_step_).add(uint64_t{step_open_});
+  for (size_t r = 0; r < alive_.size(); ++r) {
+    h.add(uint64_t{alive_[r]});
+    const double rate = estimator_.rate(static_cast<int>(r));
+    uint64_t bits = 0;
+    static_assert(sizeof(bits) == sizeof(rate));
+    std::memcpy(&bits, &rate, sizeof(bits));
+    h.add(bits).add(uint64_t{estimator_.reported(static_cast<int>(r))});
+  }
+  if (step_open_) h.add(plan_.fingerprint());
+  return h.value();
 }
 
 void Dispatcher::newEpoch() {

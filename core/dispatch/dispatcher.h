@@ -65,8 +65,15 @@ class Dispatcher {
   const StepPlan& markFailed(int rank);
   // A new rank; it gets work from the next plan on (equal share until it has reported).
   int addRank(double weight = 1);
+  // Withdraws the open step as if plan() had not been called (its samples go back to the
+  // unassigned rest of the epoch, the step number is reused). For elastic recovery: some
+  // survivors planned a step the others never reached. Ranks marked failed stay failed.
+  // InvalidArgument when no step is open.
+  void unplan();
 
   bool stepOpen() const { return step_open_; }
+  // Steps completed so far (all epochs); the open step, if any, has this number.
+  uint64_t completedSteps() const { return step_open_ ? plan_.step : next_step_; }
   const StepPlan& current() const { return plan_; }
   bool alive(int rank) const;
   int worldSize() const { return static_cast<int>(alive_.size()); }
@@ -80,6 +87,9 @@ class Dispatcher {
   uint64_t epoch() const { return epoch_; }
   const ThroughputEstimator& estimator() const { return estimator_; }
   const DispatchOptions& options() const { return options_; }
+  // Over everything the next plans depend on (epoch position, live ranks, the open plan,
+  // the estimates): equal on two ranks exactly when they will plan alike.
+  uint64_t stateFingerprint() const;
 
  private:
   std::vector<size_t> share(size_t units, const std::vector<bool>& take_part, uint64_t rotation);
