@@ -323,7 +323,14 @@ class ElasticCluster {
                  size_t batch)
       : batch_(batch), epoch_(epoch) {
     for (const double speed : speeds) {
-      ranks_.push_back(Rank{ElasticState(static_cast<int>(speeds.size()), epoch, options), speed});
+      ranks_.push_back(Rank{ElasticState(static_cast<int>(speeds.size()), epoch, options),
+                            speed,
+                            true,
+                            {},
+                            0,
+                            {},
+                            {},
+                            {}});
     }
   }
 
