@@ -389,7 +389,11 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, Fn&& 
   collective_start_ = start;
   auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   try {
-    transport_->checkHealthy();
+    if (shm_) {
+      transport_->checkHealthy();
+    } else {
+      transport_->enterCollective(tag);
+    }
     fn(collectives::Context{*transport_, rank_, size_, config_.chunk_bytes, timeout, tag,
                             *workspace_});
   } catch (const PeerLostError& e) {

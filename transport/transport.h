@@ -80,6 +80,12 @@ class Transport {
     (void)explain;
   }
 
+  // The caller starts the collective of `tag` (step 0): a message of the same collective
+  // number that arrives for no posted receive, with a different tag, is then a MismatchError
+  // at once (a rank that skipped a collective would otherwise leave its peers waiting for
+  // their deadline). Raises that error, or the poisoning one.
+  virtual void enterCollective(const MessageTag& tag) { (void)tag; }
+
   // Called (from any thread) once, when the transport is poisoned, with the error: lets the
   // layer above wake waits the transport does not own (shared-memory collectives) at once.
   // Null clears it; it is not called after that returns.

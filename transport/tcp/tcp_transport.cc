@@ -310,6 +310,51 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   checkHealthy();
 }
 
+namespace {
+
+// The same collective, whatever the algorithm step.
+bool sameCollective(const MessageTag& a, const MessageTag& b) {
+  return a.sequence == b.sequence && a.count == b.count && a.root == b.root &&
+         a.collective == b.collective && a.dtype == b.dtype && a.op == b.op;
+}
+
+}  // namespace
+
+std::optional<std::string> TcpTransport::checkUnsolicited(int peer,
+                                                          const MessageTag& theirs) const {
+  std::lock_guard<std::mutex> lock(current_mutex_);
+  if (!in_collective_ || theirs.sequence != current_.sequence || sameCollective(theirs, current_)) {
+    return std::nullopt;
+  }
+  return options_.formatter.mismatch
+             ? options_.formatter.mismatch(options_.rank, current_, peer, theirs)
+             : "rank " + std::to_string(peer) + " sent a message of another collective";
+}
+
+void TcpTransport::enterCollective(const MessageTag& tag) {
+  checkHealthy();
+  {
+    std::lock_guard<std::mutex> lock(current_mutex_);
+    current_ = tag;
+    in_collective_ = true;
+  }
+  // What arrived before this rank got here.
+  std::optional<std::string> problem;
+  for (auto& peer : peers_) {
+    if (!peer || problem) continue;
+    std::lock_guard<std::mutex> lock(peer->mutex);
+    for (const auto& [message, entry] : peer->incoming) {
+      if (entry->op) continue;
+      problem = checkUnsolicited(peer->rank, entry->tag);
+      if (problem) break;
+    }
+  }
+  if (problem) {
+    fail(makeError(ErrorKind::kMismatch, *problem), true);
+    checkHealthy();
+  }
+}
+
 void TcpTransport::abort(std::exception_ptr error, bool tell_peers) {
   fail(error, tell_peers);
 }

@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +80,7 @@ class TcpTransport : public Transport {
   void checkHealthy() const override;
   std::vector<RailStatus> rails() const override;
   std::vector<LostPeer> lostPeers() const override;
+  void enterCollective(const MessageTag& tag) override;
   void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override {
     timeout_explainer_ = std::move(explain);
   }
@@ -186,6 +188,12 @@ class TcpTransport : public Transport {
   std::exception_ptr error_;                                         // guarded by state_mutex_
   std::vector<LostPeer> lost_peers_;                                 // guarded by state_mutex_
   std::function<std::string(const MessageTag&)> timeout_explainer_;  // set before first use
+  // The collective the user thread is in (enterCollective), read by the progress thread.
+  mutable std::mutex current_mutex_;
+  MessageTag current_{};
+  bool in_collective_ = false;
+  // "mismatch" text when an unsolicited message of the current collective has another tag.
+  std::optional<std::string> checkUnsolicited(int peer, const MessageTag& theirs) const;
   std::mutex listener_mutex_;
   std::function<void(ErrorKind, const std::string&)> failure_listener_;
   Clock::time_point last_loop_{};  // progress thread only: its previous turn

@@ -173,6 +173,8 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
           } else if (header.total_bytes > detail::kMaxStagedBytes) {
             problem = "rank " + std::to_string(peer.rank) + " sent an unsolicited message of " +
                       std::to_string(header.total_bytes) + " bytes";
+          } else if ((problem = checkUnsolicited(peer.rank, header.tag))) {
+            // A message of the collective this rank is in, but not what it runs.
           } else {
             auto staged = std::make_shared<Incoming>();
             staged->tag = header.tag;
