@@ -52,9 +52,17 @@ struct Options {
   double linger_seconds = 0;
 };
 
+// Wall-clock microseconds: comparable between the ranks of one host, so a benchmark can
+// subtract "failing on purpose at" from "caught at".
+long long wallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 void dieOnPurpose(int rank, int iteration, const Options& options) {
-  std::fprintf(stderr, "rank %d failing on purpose (%s) at iteration %d\n", rank,
-               options.die_how.c_str(), iteration);
+  std::fprintf(stderr, "rank %d failing on purpose (%s) at iteration %d, at %lld us\n", rank,
+               options.die_how.c_str(), iteration, wallMicros());
   std::fflush(stderr);
   if (options.die_how == "kill") ::raise(SIGKILL);
   if (options.die_how == "stop") {
@@ -115,12 +123,17 @@ int main(int argc, char** argv) {
         comm->allreduce(data.data(), count, railshard::DataType::kInt64, railshard::ReduceOp::kSum,
                         timeout);
       } catch (const railshard::PeerLostError& e) {
+        std::fprintf(stderr, "rank %d caught PeerLostError at %lld us\n", rank, wallMicros());
         if (!options.elastic) throw;
         std::fprintf(stderr, "rank %d: PeerLostError at iteration %d, shrinking: %s\n", rank, it,
                      e.what());
+        const auto shrink_start = std::chrono::steady_clock::now();
         comm = comm->shrink();
-        std::fprintf(stderr, "launch rank %d is rank %d of %d in generation %d\n",
-                     comm->worldRank(), comm->rank(), comm->size(), comm->generation());
+        const double shrink_ms = std::chrono::duration<double, std::milli>(
+                                     std::chrono::steady_clock::now() - shrink_start)
+                                     .count();
+        std::fprintf(stderr, "launch rank %d is rank %d of %d in generation %d (shrink %.1f ms)\n",
+                     comm->worldRank(), comm->rank(), comm->size(), comm->generation(), shrink_ms);
         continue;  // this iteration again, on the survivors
       }
       const int64_t factor = static_cast<int64_t>(size) * (size + 1) / 2;
