@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -198,6 +199,21 @@ class TcpStoreServer::Impl {
       }
       setTimer(*client, Clock::now() + options_.hello_timeout);
       RS_LOG_DEBUG("store server on {}: connection from {}", address_.toString(), client->peer);
+      // Ids grow, so the first is the oldest. The newest is kept: a real rank sends its
+      // HELLO at once, a connection that has sat silent longest is the least likely one.
+      while (!unauthenticated_.empty() &&
+             unauthenticated_.size() >= std::max<size_t>(1, options_.max_unauthenticated)) {
+        Client* oldest = find(*unauthenticated_.begin());
+        if (oldest == nullptr) {
+          unauthenticated_.erase(unauthenticated_.begin());
+          continue;
+        }
+        drop(*oldest,
+             "more than " + std::to_string(options_.max_unauthenticated) +
+                 " connections without HELLO; closing the oldest",
+             true);
+      }
+      unauthenticated_.insert(client->id);
       clients_.emplace(client->id, std::move(client));
     }
   }
@@ -220,6 +236,7 @@ class TcpStoreServer::Impl {
     }
     unpark(c);
     clearTimer(c);
+    unauthenticated_.erase(c.id);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
     c.fd.reset();
     c.closed = true;
@@ -396,6 +413,7 @@ class TcpStoreServer::Impl {
         throw ProtocolError("wrong token in HELLO");
       }
       c.authenticated = true;
+      unauthenticated_.erase(c.id);
       clearTimer(c);
       reply(c, Command::kHello, Response{});
       return;
@@ -405,7 +423,12 @@ class TcpStoreServer::Impl {
         throw ProtocolError("HELLO sent twice");
       case Command::kSet: {
         const std::string key = request.keys[0];
-        data_[key] = std::move(request.value);
+        try {
+          store(key, std::move(request.value));
+        } catch (const Error& e) {
+          replyError(c, Command::kSet, e);
+          return;
+        }
         reply(c, Command::kSet, Response{});
         keyAppeared(key);
         return;
@@ -432,13 +455,10 @@ class TcpStoreServer::Impl {
             throw InvalidArgument("store add: key '" + key + "' holds " + std::to_string(current) +
                                   "; adding " + std::to_string(request.delta) + " overflows int64");
           }
-          data_[key] = encodeCounter(sum);
+          store(key, encodeCounter(sum));
           response.number = sum;
         } catch (const Error& e) {
-          response.status = Status::kError;
-          response.error_kind = kindOf(e);
-          response.message = e.what();
-          reply(c, Command::kAdd, response);
+          replyError(c, Command::kAdd, e);
           return;
         }
         reply(c, Command::kAdd, response);
@@ -450,11 +470,51 @@ class TcpStoreServer::Impl {
         return;
       case Command::kRemove: {
         Response response;
-        response.existed = data_.erase(request.keys[0]) > 0;
+        const auto it = data_.find(request.keys[0]);
+        if (it != data_.end()) {
+          data_bytes_ -= entryBytes(it->first, it->second);
+          data_.erase(it);
+          response.existed = true;
+        }
         reply(c, Command::kRemove, response);
         return;
       }
     }
+  }
+
+  // What an entry counts against max_data_bytes: its bytes plus a fixed overhead, so that
+  // millions of empty keys count too.
+  static size_t entryBytes(const std::string& key, const Bytes& value) {
+    return key.size() + value.size() + 64;
+  }
+
+  // Sets key to value, unless that would take the store past max_data_bytes
+  // (InvalidArgument, nothing changed).
+  void store(const std::string& key, Bytes value) {
+    const auto it = data_.find(key);
+    const size_t old_bytes = it == data_.end() ? 0 : entryBytes(key, it->second);
+    const size_t new_bytes = entryBytes(key, value);
+    const size_t total = data_bytes_ - old_bytes + new_bytes;
+    if (total > options_.max_data_bytes) {
+      throw InvalidArgument("store server: setting key '" + key.substr(0, 256) + "' to " +
+                            std::to_string(value.size()) + " bytes would make the store hold " +
+                            std::to_string(total) + " bytes, over its limit of " +
+                            std::to_string(options_.max_data_bytes));
+    }
+    if (it == data_.end()) {
+      data_.emplace(key, std::move(value));
+    } else {
+      it->second = std::move(value);
+    }
+    data_bytes_ = total;
+  }
+
+  void replyError(Client& c, Command answered, const Error& e) {
+    Response response;
+    response.status = Status::kError;
+    response.error_kind = kindOf(e);
+    response.message = e.what();
+    reply(c, answered, response);
   }
 
   // Index of the first key of `request` that is not in the store; keys.size() when all are.
@@ -602,6 +662,8 @@ class TcpStoreServer::Impl {
   // Owned by the server thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Client>> clients_;
   std::unordered_map<std::string, Bytes> data_;
+  size_t data_bytes_ = 0;               // entryBytes() over data_
+  std::set<uint64_t> unauthenticated_;  // ids of connections before HELLO, oldest first
   std::unordered_map<std::string, std::unordered_set<uint64_t>> waiters_;
   Timers timers_;
   std::vector<uint64_t> ready_;

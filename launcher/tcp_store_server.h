@@ -13,6 +13,14 @@ struct TcpStoreServerOptions {
   // A connection that has not completed HELLO by then is dropped, so port scanners and
   // half-open connections cannot pile up.
   Duration hello_timeout = std::chrono::seconds(10);
+  // Connections that have not completed HELLO, at most; beyond it the oldest is closed. Each
+  // costs a descriptor (and at most a HELLO's worth of buffer), so a peer opening connections
+  // in a loop cannot run the server out of descriptors and lock the real ranks out.
+  size_t max_unauthenticated = 256;
+  // Keys plus values held, at most; a SET or ADD that would exceed it is answered with an
+  // error (InvalidArgument) and changes nothing. Rendezvous data is small; this only stops a
+  // runaway client from exhausting the host's memory.
+  size_t max_data_bytes = size_t{1} << 30;
 };
 
 // The rendezvous store every rank talks to at start-up (usually hosted by rank 0 or by

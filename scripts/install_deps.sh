@@ -12,6 +12,7 @@ packages=(
   libgloo-dev python3-matplotlib
   libibverbs-dev librdmacm-dev
   iproute2 graphviz iperf3
+  clang libclang-rt-14-dev llvm-14  # fuzz/ (libFuzzer) and sanitizer symbolization
 )
 
 missing=()

@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/base/memory_store.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
@@ -624,5 +626,77 @@ TEST(TcpStoreServer, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(readFrame(Command::kAdd).number, 10);
 }
 
+TEST(TcpStoreServer, ClosesTheOldestUnauthenticatedConnectionsBeyondTheLimit) {
+  TcpStoreServerOptions options;
+  options.max_unauthenticated = 4;
+  auto server = startServer(options);
+  std::vector<tcp::Fd> silent;
+  for (int i = 0; i < 6; ++i) {
+    silent.push_back(rawConnect(*server));
+    // One at a time, so the server sees them in this order.
+    std::this_thread::sleep_for(20ms);
+  }
+  // The two oldest are closed at once (well before the 10 s HELLO timeout)...
+  EXPECT_TRUE(closedByServer(silent[0].get(), 3000ms));
+  EXPECT_TRUE(closedByServer(silent[1].get(), 3000ms));
+  // ...the newest four stay, and a real client still gets in (closing the next oldest).
+  EXPECT_FALSE(closedByServer(silent[5].get(), 200ms));
+  expectServing(*server, "past-the-silent-ones");
+  EXPECT_TRUE(closedByServer(silent[2].get(), 3000ms));
+}
+
+TEST(TcpStoreServer, RefusesDataBeyondItsLimitAndKeepsServing) {
+  TcpStoreServerOptions options;
+  options.max_data_bytes = 64 * 1024;
+  auto server = startServer(options);
+  TcpStore store(hostPort(*server), kToken, 5s);
+  store.set("small", Bytes(1000, 1), 5s);
+  try {
+    store.set("big", Bytes(100 * 1000, 2), 5s);
+    ADD_FAILURE() << "a SET past the store's limit succeeded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("over its limit of 65536"), std::string::npos) << e.what();
+  }
+  // Nothing changed, the connection is still good, and freed room is reusable.
+  EXPECT_FALSE(store.remove("big", 5s));
+  EXPECT_EQ(store.get("small", 5s).size(), 1000u);
+  EXPECT_TRUE(store.remove("small", 5s));
+  store.set("big", Bytes(65400, 2), 5s);
+  // Replacing a value counts only the difference.
+  store.set("big", Bytes(65400, 3), 5s);
+  EXPECT_EQ(store.get("big", 5s)[0], 3);
+  EXPECT_THROW(store.add("counter-does-not-fit", 1, 5s), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace railshard::launcher
+
+namespace railshard {
+namespace {
+
+// The in-process store keeps the TCP store's promises about counters: an add that would
+// overflow 64 bits is refused and changes nothing; a non-integer value is quoted, cut short.
+TEST(MemoryStoreCounters, OverflowIsRefusedAndLongValuesAreCutInTheMessage) {
+  MemoryStore store;
+  EXPECT_EQ(store.add("n", std::numeric_limits<int64_t>::max() - 1, std::chrono::seconds(1)),
+            std::numeric_limits<int64_t>::max() - 1);
+  try {
+    store.add("n", 2, std::chrono::seconds(1));
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("adding 2 overflows 64 bits"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(store.add("n", 0, std::chrono::seconds(1)), std::numeric_limits<int64_t>::max() - 1);
+  store.setString("text", std::string(100000, 'x'), std::chrono::seconds(1));
+  try {
+    store.add("text", 1, std::chrono::seconds(1));
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u);
+    EXPECT_NE(std::string(e.what()).find("xxx...', not an integer"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace railshard

@@ -14,7 +14,9 @@ int64_t decodeCounter(const std::string& key, const Store::Bytes& value) {
     if (used == text.size()) return parsed;
   } catch (const std::exception&) {
   }
-  throw InvalidArgument("store add: key '" + key + "' holds '" + text + "', not an integer");
+  // Quote at most 64 bytes: the value may be megabytes.
+  const std::string shown = text.size() > 64 ? text.substr(0, 64) + "..." : text;
+  throw InvalidArgument("store add: key '" + key + "' holds '" + shown + "', not an integer");
 }
 
 Store::Bytes encodeCounter(int64_t value) {
@@ -41,7 +43,11 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta, Duration) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = data_.find(key);
-    result = (it == data_.end() ? 0 : decodeCounter(key, it->second)) + delta;
+    const int64_t current = it == data_.end() ? 0 : decodeCounter(key, it->second);
+    if (__builtin_add_overflow(current, delta, &result)) {
+      throw InvalidArgument("store add: key '" + key + "' holds " + std::to_string(current) +
+                            "; adding " + std::to_string(delta) + " overflows 64 bits");
+    }
     data_[key] = encodeCounter(result);
   }
   changed_.notify_all();

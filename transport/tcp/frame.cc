@@ -1,5 +1,8 @@
 #include "transport/tcp/frame.h"
 
+#include <cstdio>
+#include <cstring>
+
 namespace railshard::transport::tcp {
 
 void validateFrameHeader(const FrameHeader& header) {
@@ -40,6 +43,53 @@ void validateFrameHeader(const FrameHeader& header) {
       return;
   }
   throw ProtocolError("unknown frame kind " + std::to_string(header.kind));
+}
+
+FrameHeader parseFrameHeader(std::span<const uint8_t> bytes) {
+  if (bytes.size() < sizeof(FrameHeader)) {
+    throw ProtocolError("truncated frame header: " + std::to_string(bytes.size()) + " of " +
+                        std::to_string(sizeof(FrameHeader)) + " bytes");
+  }
+  FrameHeader header;
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  validateFrameHeader(header);
+  return header;
+}
+
+size_t helloSize(std::span<const uint8_t> fixed) {
+  if (fixed.size() < sizeof(Hello)) {
+    throw ProtocolError("truncated hello: " + std::to_string(fixed.size()) + " of " +
+                        std::to_string(sizeof(Hello)) + " bytes");
+  }
+  Hello hello;
+  std::memcpy(&hello, fixed.data(), sizeof(hello));
+  if (hello.magic != kHelloMagic) {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "%08x", hello.magic);
+    throw ProtocolError(std::string("not a railshard connection (bad hello magic 0x") + buf + ")");
+  }
+  if (hello.version != kWireVersion) {
+    throw ProtocolError("wire version " + std::to_string(hello.version) + ", expected " +
+                        std::to_string(kWireVersion));
+  }
+  if (hello.token_bytes > kMaxToken) {
+    throw ProtocolError("token of " + std::to_string(hello.token_bytes) +
+                        " bytes exceeds the limit of " + std::to_string(kMaxToken));
+  }
+  return sizeof(Hello) + hello.token_bytes;
+}
+
+ReceivedHello parseHello(std::span<const uint8_t> bytes) {
+  const size_t size = helloSize(bytes);
+  if (bytes.size() != size) {
+    throw ProtocolError("hello of " + std::to_string(bytes.size()) + " bytes, expected " +
+                        std::to_string(size) + " (" + std::to_string(sizeof(Hello)) + " + token)");
+  }
+  ReceivedHello received;
+  std::memcpy(&received.hello, bytes.data(), sizeof(Hello));
+  received.token.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof(Hello),
+                        size - sizeof(Hello));
+  return received;
 }
 
 bool constantTimeEquals(const std::string& a, const std::string& b) {

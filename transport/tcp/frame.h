@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/base/error.h"
@@ -47,6 +48,10 @@ static_assert(sizeof(FrameHeader) == 72, "FrameHeader is part of the wire format
 // Checks magic, kind and size limits before anything is allocated or written; ProtocolError
 // with the reason otherwise.
 void validateFrameHeader(const FrameHeader& header);
+// The header in the first sizeof(FrameHeader) bytes of `bytes`, validated as above
+// (ProtocolError also when fewer bytes are given). The read path receives straight into a
+// FrameHeader; this is the same check over raw bytes, for tests and the fuzzer.
+FrameHeader parseFrameHeader(std::span<const uint8_t> bytes);
 
 inline constexpr uint16_t kHelloRejoin = 1;  // Hello::flags: replaces a connection taken out
 
@@ -64,6 +69,20 @@ struct Hello {
   uint16_t generation = 0;  // rejoin: the incarnation of the connection this one starts
 };
 static_assert(sizeof(Hello) == 24, "Hello is part of the wire format");
+
+// Length of the whole hello (fixed part + token) whose fixed part is the first sizeof(Hello)
+// bytes of `fixed`. Checks magic, version and the token length before the token is received,
+// so a peer that is not a railshard rank of this build, or announces an oversized token, is
+// refused before anything is allocated for it: ProtocolError with the reason.
+size_t helloSize(std::span<const uint8_t> fixed);
+
+// A hello as received: the fixed part and the token that follows it.
+struct ReceivedHello {
+  Hello hello;
+  std::string token;
+};
+// Decodes a complete hello of exactly helloSize() bytes; ProtocolError otherwise.
+ReceivedHello parseHello(std::span<const uint8_t> bytes);
 
 // Accepting side's check of a hello (token compared in constant time). Returns an empty
 // string when acceptable, else the reason to refuse.

@@ -23,24 +23,24 @@ std::string ipOf(const std::string& host_port) {
   return splitHostPort(host_port, "listener address").first;
 }
 
-// Accepts one connection on any of `fds`, waiting at most until `deadline` (TimeoutError).
-Fd acceptAny(const std::vector<int>& fds, Deadline deadline, const std::string& what) {
-  std::vector<pollfd> polled;
-  for (const int fd : fds) polled.push_back({fd, POLLIN, 0});
-  while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) throw TimeoutError(what + ": nobody connected in time");
-    const int n = ::poll(polled.data(), polled.size(),
-                         static_cast<int>(std::min<long long>(left.count() + 1, 1000)));
-    if (n < 0 && errno != EINTR) throw Error(what + ": poll: " + errnoText(errno));
-    for (const auto& p : polled) {
-      if (!(p.revents & POLLIN)) continue;
-      const int fd = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) return Fd(fd);
-    }
-  }
-}
+// A silent or slow client must not hold start-up for long.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+// Connections accepted during start-up whose hello is still incomplete. Beyond this many the
+// oldest is closed: a peer that opens connections and never speaks cannot exhaust this
+// process's descriptors, and the real ranks (which send their hello at once) still get in.
+constexpr size_t kMaxPendingHellos = 64;
+constexpr size_t kMaxChannelsPerPeer = 256;
+
+// A connection accepted during start-up, its hello not yet complete. The hellos of all
+// pending connections are read side by side, so one silent or slow connection delays
+// nobody else's.
+struct PendingHello {
+  Fd fd;
+  std::string from;
+  Deadline deadline;
+  std::vector<uint8_t> bytes;   // received so far
+  size_t want = sizeof(Hello);  // the whole hello once its fixed part is known
+};
 
 }  // namespace
 
@@ -198,13 +198,121 @@ void TcpTransport::connectMesh(Store& store) {
     }
     return true;
   };
-  std::vector<int> listen_fds;
-  for (const auto& l : listeners_) listen_fds.push_back(l->fd.get());
-  while (!allComplete()) {
-    Fd fd;
+  // Checks a complete hello against the job and what has connected so far; empty when it
+  // is acceptable, else the reason to refuse it.
+  auto refusal = [&](const ReceivedHello& received, int fd) -> std::string {
+    const Hello& hello = received.hello;
+    std::string reason = checkHello(hello, received.token, token, rank, size);
+    if (!reason.empty()) return reason;
+    if (hello.flags & kHelloRejoin) return "reconnection during start-up";
+    const auto& peer = peers_[hello.rank];
+    if (peer && hello.channels != peer->channels.size()) {
+      return "rank " + std::to_string(hello.rank) + " announced " +
+             std::to_string(peer->channels.size()) + " connection(s), now " +
+             std::to_string(hello.channels);
+    }
+    if (peer && peer->channels[hello.channel]->fd.valid()) {
+      return "rank " + std::to_string(hello.rank) + " connected twice";
+    }
+    // Which of our rails it came in on: the ranks may list their common rails in different
+    // orders, so the connection's local address decides.
+    const auto& rails = hello.rank < options_.peer_rails.size() ? options_.peer_rails[hello.rank]
+                                                                : std::vector<RailSpec>{};
+    const std::string local_ip = ipOf(localAddress(fd).toString());
+    bool on_rail = false;
+    for (const auto& rail : rails) on_rail = on_rail || rail.local_address == local_ip;
+    if (hello.channels > 1 && !on_rail) {
+      return "rank " + std::to_string(hello.rank) + " connected to " + local_ip +
+             ", which is none of the rails to it";
+    }
+    // Each announced connection costs a Channel: a count far beyond one per rail and socket
+    // is no peer of this job (generous, in case the two ends list different rails).
+    const size_t most =
+        std::max<size_t>(kMaxChannelsPerPeer, rails.size() * static_cast<size_t>(sockets));
+    if (hello.channels > most) {
+      return "rank " + std::to_string(hello.rank) + " announced " + std::to_string(hello.channels) +
+             " connections, at most " + std::to_string(most) + " expected";
+    }
+    return "";
+  };
+  auto refuse = [&](const PendingHello& p, const std::string& reason) {
+    RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, p.from, reason);
+  };
+  // Takes a connection whose hello has arrived in full, or refuses it (closing it).
+  auto admit = [&](PendingHello& p) {
+    ReceivedHello received;
+    std::string reason;
     try {
-      fd = acceptAny(listen_fds, deadline, "rank " + std::to_string(rank));
-    } catch (const TimeoutError&) {
+      received = parseHello(p.bytes);
+      reason = refusal(received, p.fd.get());
+    } catch (const Error& e) {
+      reason = e.what();
+    }
+    if (!reason.empty()) {
+      refuse(p, reason);
+      return;
+    }
+    const Hello& hello = received.hello;
+    int rail_index = -1;
+    const auto& rails = hello.rank < options_.peer_rails.size() ? options_.peer_rails[hello.rank]
+                                                                : std::vector<RailSpec>{};
+    const std::string local_ip = ipOf(localAddress(p.fd.get()).toString());
+    for (size_t i = 0; i < rails.size(); ++i) {
+      if (rails[i].local_address == local_ip) rail_index = static_cast<int>(i);
+    }
+    Hello ack;
+    ack.rank = static_cast<uint32_t>(rank);
+    ack.world_size = static_cast<uint32_t>(size);
+    ack.channel = hello.channel;
+    ack.channels = hello.channels;
+    try {
+      sendAll(p.fd.get(), &ack, sizeof(ack), std::min(deadline, p.deadline),
+              "hello reply to " + p.from);
+    } catch (const Error& e) {
+      // Gone right after its hello: a real rank would retry; nothing to keep.
+      refuse(p, e.what());
+      return;
+    }
+    addChannel(static_cast<int>(hello.rank), hello.channel, hello.channels, rail_index,
+               std::move(p.fd), p.from);
+  };
+  // Reads what has arrived of a pending hello; true when the connection is finished with
+  // (admitted, refused or gone).
+  auto readHello = [&](PendingHello& p) -> bool {
+    while (p.bytes.size() < p.want) {
+      const size_t got = p.bytes.size();
+      p.bytes.resize(p.want);
+      const ssize_t n = ::recv(p.fd.get(), p.bytes.data() + got, p.want - got, MSG_DONTWAIT);
+      p.bytes.resize(got + (n > 0 ? static_cast<size_t>(n) : 0));
+      if (n == 0) {
+        refuse(p, "connection closed after " + std::to_string(got) + " byte(s) of its " +
+                      (got < sizeof(Hello) ? std::to_string(sizeof(Hello)) + "-byte hello"
+                                           : std::to_string(p.want) + "-byte hello and token"));
+        return true;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        refuse(p, "receive failed: " + errnoText(errno));
+        return true;
+      }
+      if (p.bytes.size() == sizeof(Hello)) {
+        try {
+          p.want = helloSize(p.bytes);
+        } catch (const ProtocolError& e) {
+          refuse(p, e.what());
+          return true;
+        }
+      }
+    }
+    admit(p);
+    return true;
+  };
+
+  std::vector<PendingHello> pending;
+  while (!allComplete()) {
+    const Deadline now = Clock::now();
+    if (now >= deadline) {
       std::string missing;
       for (int r = rank + 1; r < size; ++r) {
         if (!complete(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -213,63 +321,58 @@ void TcpTransport::connectMesh(Store& store) {
           "rank " + std::to_string(rank) + ": rank(s) " + missing + " did not connect within " +
           std::to_string(std::chrono::duration<double>(options_.connect_timeout).count()) + " s");
     }
-    const std::string from = peerAddress(fd.get()).toString();
-    // A silent or slow client must not hold start-up for long.
-    const Deadline hello_deadline = std::min(deadline, deadlineAfter(std::chrono::seconds(5)));
-    Hello hello;
-    std::string received_token;
-    std::string reason;
-    try {
-      recvAll(fd.get(), &hello, sizeof(hello), hello_deadline, "hello from " + from);
-      if (hello.token_bytes > kMaxToken) {
-        reason = "token too long";
-      } else {
-        received_token.resize(hello.token_bytes);
-        recvAll(fd.get(), received_token.data(), received_token.size(), hello_deadline,
-                "hello from " + from);
-        reason = checkHello(hello, received_token, token, rank, size);
-      }
-    } catch (const Error& e) {
-      reason = e.what();
+    // Silent connections past their hello deadline go first.
+    std::erase_if(pending, [&](const PendingHello& p) {
+      if (p.deadline > now) return false;
+      refuse(p,
+             "no complete hello within " +
+                 std::to_string(
+                     std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()) +
+                 " ms (" + std::to_string(p.bytes.size()) + " byte(s) received)");
+      return true;
+    });
+    Deadline wake = std::min(deadline, now + std::chrono::seconds(1));
+    for (const auto& p : pending) wake = std::min(wake, p.deadline);
+    std::vector<pollfd> polled;
+    for (const auto& l : listeners_) polled.push_back({l->fd.get(), POLLIN, 0});
+    for (const auto& p : pending) polled.push_back({p.fd.get(), POLLIN, 0});
+    const auto wait_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+    const int n = ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
+    if (n < 0 && errno != EINTR) {
+      throw Error("rank " + std::to_string(rank) + ": poll: " + errnoText(errno));
     }
-    if (reason.empty() && (hello.flags & kHelloRejoin)) reason = "reconnection during start-up";
-    if (reason.empty() && peers_[hello.rank] &&
-        hello.channels != peers_[hello.rank]->channels.size()) {
-      reason = "rank " + std::to_string(hello.rank) + " announced " +
-               std::to_string(peers_[hello.rank]->channels.size()) + " connection(s), now " +
-               std::to_string(hello.channels);
-    }
-    if (reason.empty() && peers_[hello.rank] &&
-        peers_[hello.rank]->channels[hello.channel]->fd.valid()) {
-      reason = "rank " + std::to_string(hello.rank) + " connected twice";
-    }
-    // Which of our rails it came in on: the ranks may list their common rails in different
-    // orders, so the connection's local address decides.
-    int rail_index = -1;
-    if (reason.empty()) {
-      const auto& rails = hello.rank < options_.peer_rails.size() ? options_.peer_rails[hello.rank]
-                                                                  : std::vector<RailSpec>{};
-      const std::string local_ip = ipOf(localAddress(fd.get()).toString());
-      for (size_t i = 0; i < rails.size(); ++i) {
-        if (rails[i].local_address == local_ip) rail_index = static_cast<int>(i);
-      }
-      if (hello.channels > 1 && rail_index < 0) {
-        reason = "rank " + std::to_string(hello.rank) + " connected to " + local_ip +
-                 ", which is none of the rails to it";
+    if (n <= 0) continue;
+    // Pending connections first (their indices shift once new ones are appended).
+    const size_t listener_count = listeners_.size();
+    std::vector<bool> done(pending.size(), false);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (polled[listener_count + i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        done[i] = readHello(pending[i]);
       }
     }
-    if (!reason.empty()) {
-      RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, from, reason);
-      continue;  // fd closes here; keep waiting for the real peers
+    size_t index = 0;
+    std::erase_if(pending, [&](const PendingHello&) { return done[index++]; });
+    for (size_t i = 0; i < listener_count; ++i) {
+      if (!(polled[i].revents & POLLIN)) continue;
+      const int fd = ::accept4(polled[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;  // gone already, or out of descriptors: the next round retries
+      PendingHello p;
+      p.fd = Fd(fd);
+      try {
+        p.from = peerAddress(fd).toString();
+      } catch (const Error&) {
+        continue;  // reset before we got to it
+      }
+      p.deadline = std::min(deadline, deadlineAfter(kHelloTimeout));
+      if (pending.size() >= kMaxPendingHellos) {
+        refuse(pending.front(), "more than " + std::to_string(kMaxPendingHellos) +
+                                    " connections without a complete hello; closing the oldest");
+        pending.erase(pending.begin());
+      }
+      // Real ranks send their hello right after connecting: it is usually here already.
+      if (!readHello(p)) pending.push_back(std::move(p));
     }
-    Hello ack;
-    ack.rank = static_cast<uint32_t>(rank);
-    ack.world_size = static_cast<uint32_t>(size);
-    ack.channel = hello.channel;
-    ack.channels = hello.channels;
-    sendAll(fd.get(), &ack, sizeof(ack), deadline, "hello reply to " + from);
-    addChannel(static_cast<int>(hello.rank), hello.channel, hello.channels, rail_index,
-               std::move(fd), from);
   }
 
   // Several connections to a peer: stripe over them. Equal weights are NCCL's choice; static

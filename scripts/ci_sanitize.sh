@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the whole suite with AddressSanitizer + UndefinedBehaviorSanitizer
+# (-DRAILSHARD_SANITIZE=ON) into ./build-asan and runs it with ctest. Any ASan, UBSan or
+# LeakSanitizer report fails the test that triggered it.
+#
+# Not run here: InstalledPackage.ConsumerProjectBuildsAndRuns (builds an unsanitized program
+# against the sanitized library, which ASan refuses to load; it runs in the normal suite).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-asan"
+"$root/scripts/install_deps.sh"
+# -O1 -g1: the usual ASan trade-off (fast enough to run the suite, line numbers in reports),
+# and the cheapest to compile on a 2-core runner; asserts stay on.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRAILSHARD_SANITIZE=ON \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" >/dev/null
+cmake --build "$build" -j "$(nproc)"
+
+# Leaks inside third-party runtimes that allocate once per process and never free (OpenMPI
+# and the libraries it loads); railshard's own code gets no suppression.
+cat >"$build/lsan.supp" <<'SUPP'
+leak:libmpi.so
+leak:libopen-pal.so
+leak:libopen-rte.so
+leak:libpmix.so
+leak:libhwloc.so
+leak:libevent
+leak:mca_
+SUPP
+export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$build/lsan.supp:print_suppressions=0"
+cd "$build"
+# RAILSHARD_SANITIZE_EXCLUDE: a ctest -E regex of tests left out here. By default the
+# consumer test (see above) and the 3- and 4-rank cases of the exhaustive dtype x op x count
+# all-reduce matrix, which take 30-90 s each under ASan on 2 cores; the 1- and 2-rank cases
+# run every dtype, op and count through the same code, and the normal stage runs them all.
+exclude='^InstalledPackage\.|EveryDtypeOpAndCountMatchesScalarReference/n[34]_'
+ctest --output-on-failure -j 2 --timeout 900 -E "${RAILSHARD_SANITIZE_EXCLUDE:-$exclude}"
