@@ -315,11 +315,10 @@ std::string Communicator::explainLoss(const transport::MessageTag& tag, double w
   std::string who;
   for (const auto& peer : lost) {
     who += (who.empty() ? "" : ", ") + describeRank(peer.rank);
+    // Early, so that the survivors' shrink() need not wait for this rank to say it.
     if (publisher_) {
-      publisher_->post(
-          key_root_ + "/gen" + std::to_string(generation_ + 1) + "/lost/" +
-              std::to_string(world_ranks_[static_cast<size_t>(peer.rank)]),
-          "declared lost by launch rank " + std::to_string(worldRank()) + ": " + peer.reason);
+      auto [key, value] = lostMarkFor(peer);
+      publisher_->post(std::move(key), std::move(value));
     }
   }
   return "rank " + std::to_string(rank_) + ": " + describeTag(tag) + " failed after waiting " +

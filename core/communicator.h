@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/base/clock.h"
@@ -19,6 +20,7 @@ namespace railshard {
 
 namespace transport {
 class Transport;
+struct LostPeer;
 }
 namespace topology {
 class Topology;
@@ -156,6 +158,8 @@ class Communicator {
   // "rank 3 (host node-b)", with the launch rank when it differs.
   std::string describeRank(int rank) const;
   std::optional<std::string> lostMark(const std::string& round, int world);
+  // Store key and value saying `lost` is gone, for the next shrink round.
+  std::pair<std::string, std::string> lostMarkFor(const transport::LostPeer& lost) const;
   std::vector<int> decideSurvivors(const std::string& round, Deadline deadline,
                                    std::string& excluded);
 

@@ -52,6 +52,13 @@ std::vector<int> parseRanks(const std::string& text) {
 
 }  // namespace
 
+std::pair<std::string, std::string> Communicator::lostMarkFor(
+    const transport::LostPeer& lost) const {
+  return {key_root_ + "/gen" + std::to_string(generation_ + 1) + "/lost/" +
+              std::to_string(world_ranks_[static_cast<size_t>(lost.rank)]),
+          "declared lost by launch rank " + std::to_string(worldRank()) + ": " + lost.reason};
+}
+
 std::optional<std::string> Communicator::lostMark(const std::string& round, int world) {
   if (auto why = peekKey(*store_, key_root_ + "/lost/" + std::to_string(world))) {
     return "its process ended (" + *why + ")";
@@ -130,10 +137,8 @@ std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
   if (shm_) shm_->abort(ErrorKind::kPeerLost, "the communicator was shrunk");
 
   for (const auto& lost : transport_->lostPeers()) {
-    const int world = world_ranks_[static_cast<size_t>(lost.rank)];
-    store_->setString(round + "/lost/" + std::to_string(world),
-                      "declared lost by launch rank " + std::to_string(me) + ": " + lost.reason,
-                      kStoreCall);
+    const auto [key, value] = lostMarkFor(lost);
+    store_->setString(key, value, kStoreCall);
   }
   store_->setString(round + "/join/" + std::to_string(me), "1", kStoreCall);
   RS_LOG_INFO("rank {} (launch rank {}): shrinking generation {} of {} ranks", rank_, me,
