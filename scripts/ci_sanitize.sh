@@ -35,7 +35,12 @@ cd "$build"
 # all-reduce matrix, which take 70-240 s each under ASan on 2 cores (1300 s of a 1500 s
 # run); the 1- and 2-rank cases run every dtype, op and count through the same code, the
 # other collectives' tests cover 3 to 8 ranks, and the normal stage runs the whole matrix.
-exclude='^InstalledPackage\.|EveryDtypeOpAndCountMatchesScalarReference/n[3-9]_'
+#
+# Also left to the normal stage: tests whose ranks run under mpirun. OpenMPI's plugins
+# (dlopen'ed, then unloaded) leave allocations LeakSanitizer reports with stacks it cannot
+# symbolize any more, so no suppression can name them; railshard's own code on those paths
+# (the MPI rendezvous) is a few lines that the railshard-launch tests run sanitized.
+exclude='^InstalledPackage\.|EveryDtypeOpAndCountMatchesScalarReference/n[3-9]_|Mpirun|MpiUnderMpirun|MpiAverageIsSumThenDivide'
 # The soak runs 20 s over TCP here instead of 60 (and a third of that over shared memory).
 export RAILSHARD_SOAK_SECONDS=${RAILSHARD_SOAK_SECONDS:-20}
 ctest --output-on-failure -j 2 --timeout 900 -E "${RAILSHARD_SANITIZE_EXCLUDE:-$exclude}"
