@@ -293,16 +293,6 @@ std::vector<double> speedsAt(const BenchOptions& options, int step) {
   return speeds;
 }
 
-// Launch rank of each member of `comm`, by rank.
-std::vector<int> launchRanks(const Communicator& comm) {
-  std::vector<int> ranks = comm.worldRanks();
-  if (ranks.size() != static_cast<size_t>(comm.size())) {
-    ranks.resize(static_cast<size_t>(comm.size()));
-    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
-  }
-  return ranks;
-}
-
 template <typename T>
 std::string joined(const std::vector<T>& values, const char* format) {
   std::string out;
@@ -388,7 +378,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
   dispatch_options.policy = dispatch::parsePolicy(label);
   dispatch_options.micro_batch = options.micro;
   // The dispatcher numbers ranks as this communicator does; members maps them to launch ranks.
-  const std::vector<int> members = launchRanks(*comm);
+  const std::vector<int> members = comm->worldRanks();
   // Static weights are what a user who knows the hardware would configure.
   if (dispatch_options.policy == dispatch::Policy::kWeightedRoundRobin) {
     for (const int r : members) dispatch_options.weights.push_back(options.speeds[r]);
@@ -446,7 +436,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       const auto n = static_cast<size_t>(comm->size());
       std::vector<double> all(n * kStats);
       comm->allgather(mine, all.data(), kStats, DataType::kFloat64);
-      const std::vector<int> launch = launchRanks(*comm);
+      const std::vector<int> launch = comm->worldRanks();
 
       StepRecord record;
       record.policy = label;
@@ -509,7 +499,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       event.survivors = comm->size();
       double speed_sum = 0;
       const std::vector<double> speeds = speedsAt(options, static_cast<int>(recovery.committed));
-      for (const int r : launchRanks(*comm)) speed_sum += speeds[static_cast<size_t>(r)];
+      for (const int r : comm->worldRanks()) speed_sum += speeds[static_cast<size_t>(r)];
       event.survivors_ideal_ms = static_cast<double>(options.batch) * options.unit_ms / speed_sum;
       // Back to the last consistent state: the ledger (and the model, had it one) loses the
       // steps that were undone; the gradient buffer, which a failed in-place all-reduce may

@@ -54,16 +54,6 @@ DispatchOptions withTopologyWeights(const Communicator& comm, DispatchOptions op
   return options;
 }
 
-// Launch rank of each member of `comm`, by rank (identity where the communicator has none).
-std::vector<int> launchRanks(const Communicator& comm) {
-  std::vector<int> ranks = comm.worldRanks();
-  if (ranks.size() != static_cast<size_t>(comm.size())) {
-    ranks.resize(static_cast<size_t>(comm.size()));
-    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
-  }
-  return ranks;
-}
-
 // What a survivor tells the others in recover().
 struct WirePosition {
   uint64_t committed;
@@ -79,7 +69,7 @@ CollectiveDispatcher::CollectiveDispatcher(Communicator& comm, uint64_t epoch_si
                                            DispatchOptions options)
     : comm_(&comm),
       state_(comm.size(), epoch_size, withTopologyWeights(comm, std::move(options))),
-      members_(launchRanks(comm)),
+      members_(comm.worldRanks()),
       my_rank_(comm.rank()) {
   ranks_.resize(static_cast<size_t>(comm.size()));
   for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r] = static_cast<int>(r);
@@ -158,7 +148,7 @@ void CollectiveDispatcher::commitStep() {
 
 Recovery CollectiveDispatcher::recover(Communicator& survivors) {
   const auto start = Clock::now();
-  const std::vector<int> launch = launchRanks(survivors);
+  const std::vector<int> launch = survivors.worldRanks();
   std::vector<int> ranks(launch.size());
   std::vector<bool> survives(static_cast<size_t>(state_.dispatcher().worldSize()), false);
   for (size_t r = 0; r < launch.size(); ++r) {
