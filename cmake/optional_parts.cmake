@@ -86,14 +86,20 @@ else()
   railshard_part_result(HWLOC FALSE "no hwloc (apt-get install libhwloc-dev)")
 endif()
 
-# PyTorch (C++ API) for the torch.distributed backend.
+# PyTorch for the torch.distributed backend (python/). Found through a Python interpreter that
+# imports torch, because the extension must match that interpreter's torch exactly (headers,
+# libraries, C++ ABI, pybind11 ABI). RAILSHARD_PYTHON picks it; by default the first of
+# python3 on PATH and /usr/bin/python3 (Debian's python3-torch) that has torch.
 if(NOT RAILSHARD_WITH_TORCH STREQUAL "OFF")
-  find_package(Torch QUIET HINTS /usr/lib/x86_64-linux-gnu/cmake/Torch)
+  include(cmake/torch.cmake)
+  railshard_find_torch()
 endif()
-if(Torch_FOUND OR TORCH_FOUND)
-  railshard_part_result(TORCH TRUE "Torch ${Torch_VERSION}")
+if(RAILSHARD_TORCH_FOUND)
+  railshard_part_result(TORCH TRUE
+    "torch ${RAILSHARD_TORCH_VERSION} for ${RAILSHARD_PYTHON} (python/ extension)")
 else()
-  railshard_part_result(TORCH FALSE "no Torch CMake package (apt-get install libtorch-dev)")
+  railshard_part_result(TORCH FALSE
+    "no Python with torch (apt-get install python3-torch libtorch-dev pybind11-dev, or set RAILSHARD_PYTHON)")
 endif()
 
 function(railshard_print_summary)

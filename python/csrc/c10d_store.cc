@@ -1,0 +1,81 @@
+#include "python/csrc/c10d_store.h"
+
+#include <chrono>
+
+#include "core/base/error.h"
+
+namespace railshard::python {
+namespace {
+
+std::chrono::milliseconds toMillis(Duration timeout) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+std::string joinKeys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& key : keys) out += (out.empty() ? "" : ", ") + key;
+  return out;
+}
+
+// c10d raises c10::Error (DistStoreError in 2.x) for a timeout and for a lost store alike;
+// the text tells them apart for a human, and a wait that failed is reported as a timeout.
+[[noreturn]] void rethrowWaitFailure(const std::string& what, Duration timeout,
+                                     const c10::Error& e) {
+  throw TimeoutError("c10d store: waited " +
+                     std::to_string(std::chrono::duration<double>(timeout).count()) + " s for " +
+                     what + ": " + e.what_without_backtrace());
+}
+
+}  // namespace
+
+void C10dStore::set(const std::string& key, const Bytes& value, Duration /*timeout*/) {
+  std::lock_guard lock(mutex_);
+  try {
+    store_->set(key, value);
+  } catch (const c10::Error& e) {
+    throw PeerLostError("c10d store: set of key '" + key +
+                        "' failed: " + e.what_without_backtrace());
+  }
+}
+
+Store::Bytes C10dStore::get(const std::string& key, Duration timeout) {
+  std::lock_guard lock(mutex_);
+  try {
+    store_->wait({key}, toMillis(timeout));
+    return store_->get(key);
+  } catch (const c10::Error& e) {
+    rethrowWaitFailure("key '" + key + "'", timeout, e);
+  }
+}
+
+int64_t C10dStore::add(const std::string& key, int64_t delta, Duration /*timeout*/) {
+  std::lock_guard lock(mutex_);
+  try {
+    return store_->add(key, delta);
+  } catch (const c10::Error& e) {
+    throw PeerLostError("c10d store: add to key '" + key +
+                        "' failed: " + e.what_without_backtrace());
+  }
+}
+
+void C10dStore::wait(const std::vector<std::string>& keys, Duration timeout) {
+  std::lock_guard lock(mutex_);
+  try {
+    store_->wait(keys, toMillis(timeout));
+  } catch (const c10::Error& e) {
+    rethrowWaitFailure("keys " + joinKeys(keys), timeout, e);
+  }
+}
+
+bool C10dStore::remove(const std::string& key, Duration /*timeout*/) {
+  std::lock_guard lock(mutex_);
+  try {
+    return store_->deleteKey(key);
+  } catch (const c10::Error& e) {
+    throw PeerLostError("c10d store: removing key '" + key +
+                        "' failed: " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace railshard::python

@@ -1,0 +1,432 @@
+#include "python/csrc/process_group.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "core/base/error.h"
+#include "core/topology/topology.h"
+#include "launcher/cluster_topology.h"
+#include "launcher/interfaces.h"
+#include "python/csrc/c10d_store.h"
+#include "python/csrc/tensor_staging.h"
+#include "transport/tcp/socket.h"
+
+namespace railshard::python {
+namespace {
+
+std::string prefixed(const char* kind, const std::exception& e) {
+  const std::string message = e.what();
+  if (message.rfind("railshard ", 0) == 0) return message;
+  return std::string("railshard ") + kind + ": " + message;
+}
+
+// The address peers reach this rank at, by the same rules as railshard::init(): the
+// RAILSHARD_SOCKET_IFNAME interface, else the one that routes to the rendezvous host.
+std::string advertiseHost(const Config& config) {
+  if (!config.socket_ifname.empty()) return launcher::addressForInterface(config.socket_ifname);
+  for (const char* name : {"MASTER_ADDR", "RAILSHARD_STORE_ADDR"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    std::string host = value;
+    if (std::string(name) == "RAILSHARD_STORE_ADDR") {
+      host = transport::tcp::splitHostPort(host, name).first;
+    }
+    return launcher::sourceAddressFor(host);
+  }
+  return launcher::defaultHostAddress();
+}
+
+void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
+  if (tensors.size() != 1) {
+    throw InvalidArgument(std::string("railshard ") + collective +
+                          ": takes exactly one tensor per rank, got " +
+                          std::to_string(tensors.size()));
+  }
+}
+
+// Same dtype and element count as `reference`, else InvalidArgument naming both.
+void checkLike(const at::Tensor& tensor, const at::Tensor& reference, int64_t numel,
+               const char* collective, const char* what) {
+  if (tensor.scalar_type() != reference.scalar_type() || tensor.numel() != numel) {
+    throw InvalidArgument(std::string("railshard ") + collective + ": " + what + " is " +
+                          describe(tensor) + ", expected " + std::to_string(numel) +
+                          " elements of " + c10::toString(reference.scalar_type()));
+  }
+}
+
+// A contiguous CPU tensor of `tensors` end to end, in their wire type.
+at::Tensor flatten(const std::vector<at::Tensor>& tensors, const char* collective) {
+  const at::ScalarType wire = wireType(tensors.front().scalar_type(), collective);
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}).to(at::kCPU, wire));
+  return at::cat(flat);
+}
+
+// Copies consecutive blocks of `flat` back into `tensors`.
+void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+template <typename Fn>
+auto guarded(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    rethrowWithKind(std::current_exception());
+  }
+}
+
+}  // namespace
+
+[[noreturn]] void rethrowWithKind(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(prefixed("TimeoutError", e));
+  } catch (const PeerLostError& e) {
+    throw PeerLostError(prefixed("PeerLostError", e));
+  } catch (const MismatchError& e) {
+    throw MismatchError(prefixed("MismatchError", e));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(prefixed("InvalidArgument", e));
+  } catch (const ConfigError& e) {
+    throw ConfigError(prefixed("ConfigError", e));
+  } catch (const ProtocolError& e) {
+    throw ProtocolError(prefixed("ProtocolError", e));
+  } catch (const Error& e) {
+    throw Error(prefixed("Error", e));
+  }
+}
+
+ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                             int size, std::chrono::milliseconds timeout)
+    : BackendBase(rank, size) {
+  guarded([&] {
+    Config config = Config::fromEnvironment();
+    // torch's timeout= is the user's per-collective bound unless RAILSHARD_TIMEOUT says
+    // otherwise (it is the more specific knob).
+    if (std::getenv("RAILSHARD_TIMEOUT") == nullptr && timeout.count() > 0) {
+      config.timeout = timeout;
+    }
+    timeout_ = std::chrono::duration_cast<Communicator::Timeout>(config.timeout);
+    auto railshard_store = std::make_shared<C10dStore>(store);
+
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = size;
+    options.config = config;
+    options.advertise_host = size > 1 ? advertiseHost(config) : "";
+    options.store = railshard_store;
+    launcher::ClusterTopologyOptions topology;
+    topology.rank = rank;
+    topology.size = size;
+    topology.config = config;
+    options.topology = std::make_shared<const topology::Topology>(
+        launcher::buildClusterTopology(*railshard_store, topology));
+    communicator_ = Communicator::create(*railshard_store, options);
+  });
+  worker_ = std::thread([this] { workerLoop(); });
+}
+
+ProcessGroupRailshard::~ProcessGroupRailshard() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  // Queued collectives still run (each is bounded by its deadline), as with gloo: a Work a
+  // caller holds must complete one way or the other.
+  if (worker_.joinable()) worker_.join();
+}
+
+void ProcessGroupRailshard::workerLoop() {
+  for (;;) {
+    std::pair<c10::intrusive_ptr<Work>, Job> item;
+    {
+      std::unique_lock lock(mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      item.second(*communicator_);
+    } catch (const Error&) {
+      try {
+        rethrowWithKind(std::current_exception());
+      } catch (...) {
+        error = std::current_exception();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      item.first->fail(error);
+    } else {
+      item.first->complete();
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueue(c10d::OpType type,
+                                                              std::vector<at::Tensor> outputs,
+                                                              Job job) {
+  auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
+  {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back(work, std::move(job));
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
+Communicator::Timeout ProcessGroupRailshard::deadline(std::chrono::milliseconds option) const {
+  return option.count() > 0 ? std::chrono::duration_cast<Communicator::Timeout>(option) : timeout_;
+}
+
+int ProcessGroupRailshard::checkRoot(int64_t root, const char* collective) const {
+  if (root < 0 || root >= getSize()) {
+    throw InvalidArgument(std::string("railshard ") + collective + ": root rank " +
+                          std::to_string(root) + " is not in the group of " +
+                          std::to_string(getSize()));
+  }
+  return static_cast<int>(root);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  return guarded([&] {
+    checkOne(tensors, "broadcast");
+    const int root = checkRoot(opts.rootRank, "broadcast");
+    auto buffer = std::make_shared<Staged>(tensors[0], "broadcast", getRank() == root);
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::BROADCAST, tensors, [buffer, root, timeout](Communicator& c) {
+      c.broadcast(buffer->data(), buffer->count(), buffer->dtype(), root, timeout);
+      buffer->finish();
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  return guarded([&] {
+    checkOne(tensors, "allreduce");
+    const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce");
+    auto buffer = std::make_shared<Staged>(tensors[0], "allreduce");
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::ALLREDUCE, tensors, [buffer, op, timeout](Communicator& c) {
+      c.allreduce(buffer->data(), buffer->count(), buffer->dtype(), op, timeout);
+      buffer->finish();
+    });
+  });
+}
+
+// One all-reduce over the tensors laid end to end: DDP-style buckets in one collective.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return guarded([&] {
+    if (tensors.empty()) throw InvalidArgument("railshard allreduce_coalesced: no tensors");
+    for (const auto& t : tensors) {
+      if (t.scalar_type() != tensors.front().scalar_type()) {
+        throw InvalidArgument("railshard allreduce_coalesced: tensors must share one dtype, got " +
+                              describe(tensors.front()) + " and " + describe(t));
+      }
+    }
+    const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+    auto flat = std::make_shared<at::Tensor>(flatten(tensors, "allreduce_coalesced"));
+    const DataType dtype = *nativeType(flat->scalar_type());
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors,
+                   [flat, tensors, dtype, op, timeout](Communicator& c) mutable {
+                     c.allreduce(flat->data_ptr(), static_cast<size_t>(flat->numel()), dtype, op,
+                                 timeout);
+                     unflatten(*flat, tensors);
+                   });
+  });
+}
+
+// An all-reduce whose result only the root keeps (non-roots' tensors are left unchanged).
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::ReduceOptions& opts) {
+  return guarded([&] {
+    checkOne(tensors, "reduce");
+    const int root = checkRoot(opts.rootRank, "reduce");
+    const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "reduce");
+    const at::ScalarType wire = wireType(tensors[0].scalar_type(), "reduce");
+    auto scratch = std::make_shared<at::Tensor>(
+        tensors[0].to(at::kCPU, wire, /*non_blocking=*/false, /*copy=*/true).contiguous());
+    const bool is_root = getRank() == root;
+    const auto timeout = deadline(opts.timeout);
+    at::Tensor target = tensors[0];
+    return enqueue(c10d::OpType::REDUCE, tensors,
+                   [scratch, target, is_root, op, timeout](Communicator& c) mutable {
+                     c.allreduce(scratch->data_ptr(), static_cast<size_t>(scratch->numel()),
+                                 *nativeType(scratch->scalar_type()), op, timeout);
+                     if (is_root) target.copy_(*scratch);
+                   });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return guarded([&] {
+    checkOne(inputs, "allgather");
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+      throw InvalidArgument("railshard allgather: needs one list of " + std::to_string(getSize()) +
+                            " output tensors");
+    }
+    const at::Tensor& input = inputs[0];
+    for (const auto& out : outputs[0])
+      checkLike(out, input, input.numel(), "allgather", "an output");
+    auto send = std::make_shared<Staged>(input, "allgather");
+    const at::ScalarType wire = wireType(input.scalar_type(), "allgather");
+    auto recv = std::make_shared<at::Tensor>(
+        at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
+    std::vector<at::Tensor> targets = outputs[0];
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(
+        c10d::OpType::ALLGATHER, targets, [send, recv, targets, timeout](Communicator& c) mutable {
+          c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(), timeout);
+          unflatten(*recv, targets);
+        });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return guarded([&] {
+    checkLike(output, input, getSize() * input.numel(), "allgather_into_tensor", "the output");
+    auto send = std::make_shared<Staged>(input, "allgather_into_tensor");
+    auto recv = std::make_shared<Staged>(output, "allgather_into_tensor", /*copy_in=*/false);
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [send, recv, timeout](Communicator& c) {
+      c.allgather(send->data(), recv->data(), send->count(), send->dtype(), timeout);
+      recv->finish();
+    });
+  });
+}
+
+// All-gather into a scratch buffer; the root copies the blocks out.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  return guarded([&] {
+    checkOne(inputs, "gather");
+    const int root = checkRoot(opts.rootRank, "gather");
+    const bool is_root = getRank() == root;
+    const at::Tensor& input = inputs[0];
+    std::vector<at::Tensor> targets;
+    if (is_root) {
+      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+        throw InvalidArgument("railshard gather: the root needs one list of " +
+                              std::to_string(getSize()) + " output tensors");
+      }
+      for (const auto& out : outputs[0])
+        checkLike(out, input, input.numel(), "gather", "an output");
+      targets = outputs[0];
+    }
+    auto send = std::make_shared<Staged>(input, "gather");
+    const at::ScalarType wire = wireType(input.scalar_type(), "gather");
+    auto recv = std::make_shared<at::Tensor>(
+        at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(
+        c10d::OpType::GATHER, targets, [send, recv, targets, timeout](Communicator& c) mutable {
+          c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(), timeout);
+          if (!targets.empty()) unflatten(*recv, targets);
+        });
+  });
+}
+
+// The root broadcasts all blocks; each rank keeps its own. Moves size x the bytes a tree
+// scatter would, which is fine for what scatter is used for (setup, not the training loop).
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  return guarded([&] {
+    checkOne(outputs, "scatter");
+    const int root = checkRoot(opts.rootRank, "scatter");
+    const at::Tensor& output = outputs[0];
+    const at::ScalarType wire = wireType(output.scalar_type(), "scatter");
+    std::shared_ptr<at::Tensor> all;
+    if (getRank() == root) {
+      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+        throw InvalidArgument("railshard scatter: the root needs one list of " +
+                              std::to_string(getSize()) + " input tensors");
+      }
+      for (const auto& in : inputs[0]) checkLike(in, output, output.numel(), "scatter", "an input");
+      all = std::make_shared<at::Tensor>(flatten(inputs[0], "scatter"));
+    } else {
+      all = std::make_shared<at::Tensor>(
+          at::empty({getSize() * output.numel()}, at::TensorOptions().dtype(wire)));
+    }
+    const int rank = getRank();
+    const auto timeout = deadline(opts.timeout);
+    at::Tensor target = output;
+    return enqueue(
+        c10d::OpType::SCATTER, outputs,
+        [all, target, root, rank, timeout](Communicator& c) mutable {
+          c.broadcast(all->data_ptr(), static_cast<size_t>(all->numel()),
+                      *nativeType(all->scalar_type()), root, timeout);
+          target.copy_(all->narrow(0, rank * target.numel(), target.numel()).view(target.sizes()));
+        });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return guarded([&] {
+    checkOne(outputs, "reduce_scatter");
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+      throw InvalidArgument("railshard reduce_scatter: needs one list of " +
+                            std::to_string(getSize()) + " input tensors");
+    }
+    const at::Tensor& output = outputs[0];
+    for (const auto& in : inputs[0]) {
+      checkLike(in, output, output.numel(), "reduce_scatter", "an input");
+    }
+    const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
+    auto send = std::make_shared<at::Tensor>(flatten(inputs[0], "reduce_scatter"));
+    auto recv = std::make_shared<Staged>(output, "reduce_scatter", /*copy_in=*/false);
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::REDUCE_SCATTER, outputs,
+                   [send, recv, op, timeout](Communicator& c) {
+                     c.reduceScatter(send->data_ptr(), recv->data(), recv->count(), recv->dtype(),
+                                     op, timeout);
+                     recv->finish();
+                   });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return guarded([&] {
+    checkLike(input, output, getSize() * output.numel(), "reduce_scatter_tensor", "the input");
+    const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor");
+    auto send = std::make_shared<Staged>(input, "reduce_scatter_tensor");
+    auto recv = std::make_shared<Staged>(output, "reduce_scatter_tensor", /*copy_in=*/false);
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(
+        c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [send, recv, op, timeout](Communicator& c) {
+          c.reduceScatter(send->data(), recv->data(), recv->count(), recv->dtype(), op, timeout);
+          recv->finish();
+        });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::barrier(const c10d::BarrierOptions& opts) {
+  return guarded([&] {
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::BARRIER, {}, [timeout](Communicator& c) { c.barrier(timeout); });
+  });
+}
+
+}  // namespace railshard::python

@@ -1,0 +1,72 @@
+#include "python/csrc/work.h"
+
+#include <string>
+
+#include "core/base/error.h"
+
+namespace railshard::python {
+
+Work::Work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+bool Work::isCompleted() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+bool Work::isSuccess() const {
+  std::lock_guard lock(mutex_);
+  return done_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+std::vector<at::Tensor> Work::result() {
+  return outputs_;
+}
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (timeout.count() <= 0) {  // kNoTimeout (0): wait as long as it takes
+    done_cv_.wait(lock, [&] { return done_; });
+  } else if (!done_cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    // The collective itself is still bounded by its own deadline; this is only the caller
+    // giving up on waiting for it.
+    throw TimeoutError("railshard: Work.wait(timeout=" + std::to_string(timeout.count()) +
+                       " ms) expired before the collective completed");
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
+  return future_;
+}
+
+void Work::complete() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+  future_->markCompleted(c10::IValue(outputs_));
+}
+
+void Work::fail(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = error;
+  }
+  done_cv_.notify_all();
+  future_->setError(error);
+}
+
+}  // namespace railshard::python

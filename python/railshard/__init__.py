@@ -1,0 +1,67 @@
+"""railshard for PyTorch: the ``torch.distributed`` backend ``"railshard"``, a
+throughput-aware batch sampler and the gradient weighting that goes with it.
+
+    import railshard  # registers the backend
+    import torch.distributed as dist
+    dist.init_process_group("railshard")
+
+See docs/pytorch.md.
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported)
+    ConfigError,
+    Dispatcher,
+    Error,
+    InvalidArgument,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+    TimeoutError,
+)
+
+BACKEND = "railshard"
+
+
+def _torch_major_minor():
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _check_torch_matches():
+    # The extension is tied to the torch it was compiled against (C++ ABI, c10d classes);
+    # loading it into another one fails in obscure ways, so say so plainly instead.
+    built = _C.torch_version.split("+")[0]
+    running = torch.__version__.split("+")[0]
+    if built.split(".")[:2] != running.split(".")[:2]:
+        raise ImportError(
+            f"railshard was built against torch {built} but this interpreter runs torch "
+            f"{running}; rebuild with -DRAILSHARD_PYTHON=<this python>"
+        )
+
+
+def _create(store, rank, world_size, timeout):
+    return _C.create_backend(store, rank, world_size, timeout)
+
+
+def _register():
+    if BACKEND.upper() in dir(dist.Backend) or BACKEND in getattr(
+        dist.Backend, "backend_list", []
+    ):
+        return  # imported twice (e.g. reloaded)
+    if _torch_major_minor() >= (2, 1):
+        # Host staging makes CUDA tensors work too (copied through host memory).
+        devices = ["cpu", "cuda"] if torch.version.cuda else ["cpu"]
+        dist.Backend.register_backend(BACKEND, _create, devices=devices)
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+_check_torch_matches()
+_register()
+
+from .sampler import ThroughputSampler  # noqa: E402,F401
+from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401
