@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <utility>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include "core/base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/cluster_topology.h"
@@ -20,20 +23,35 @@ std::string prefixed(const char* kind, const std::exception& e) {
   return std::string("railshard ") + kind + ": " + message;
 }
 
-// The address peers reach this rank at, by the same rules as railshard::init(): the
-// RAILSHARD_SOCKET_IFNAME interface, else the one that routes to the rendezvous host.
-std::string advertiseHost(const Config& config) {
-  if (!config.socket_ifname.empty()) return launcher::addressForInterface(config.socket_ifname);
-  for (const char* name : {"MASTER_ADDR", "RAILSHARD_STORE_ADDR"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    std::string host = value;
-    if (std::string(name) == "RAILSHARD_STORE_ADDR") {
-      host = transport::tcp::splitHostPort(host, name).first;
+// The host of the TCPStore under torch's PrefixStores (tcp://, env:// and torchrun all
+// rendezvous through one), or "" for other stores (FileStore, HashStore).
+std::string rendezvousHost(c10::intrusive_ptr<c10d::Store> store) {
+  while (store) {
+    if (auto* prefix = dynamic_cast<c10d::PrefixStore*>(store.get())) {
+      store = prefix->getUnderlyingStore();
+    } else if (auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get())) {
+      return tcp->getHost();
+    } else {
+      break;
     }
-    return launcher::sourceAddressFor(host);
   }
-  return launcher::defaultHostAddress();
+  return "";
+}
+
+// The address peers reach this rank at, by the same rules as railshard::init(): the
+// RAILSHARD_SOCKET_IFNAME interface, else the one that routes to the rendezvous host (the
+// TCPStore's, MASTER_ADDR, railshard-launch's store), else the first non-loopback address.
+std::string advertiseHost(const Config& config, const c10::intrusive_ptr<c10d::Store>& store) {
+  if (!config.socket_ifname.empty()) return launcher::addressForInterface(config.socket_ifname);
+  std::string host = rendezvousHost(store);
+  if (host.empty()) {
+    if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master) {
+      host = master;
+    } else if (const char* addr = std::getenv("RAILSHARD_STORE_ADDR"); addr != nullptr && *addr) {
+      host = transport::tcp::splitHostPort(addr, "RAILSHARD_STORE_ADDR").first;
+    }
+  }
+  return host.empty() ? launcher::defaultHostAddress() : launcher::sourceAddressFor(host);
 }
 
 void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
@@ -120,7 +138,7 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     options.rank = rank;
     options.size = size;
     options.config = config;
-    options.advertise_host = size > 1 ? advertiseHost(config) : "";
+    options.advertise_host = size > 1 ? advertiseHost(config, store) : "";
     options.store = railshard_store;
     launcher::ClusterTopologyOptions topology;
     topology.rank = rank;

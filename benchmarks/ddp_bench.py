@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""DDP step time with backend "railshard" vs "gloo", measured side by side in one run.
+
+Every process builds the same MLP twice, wraps one copy in DistributedDataParallel over a
+railshard group and the other over a gloo group, and times training steps alternately
+(railshard round, gloo round, railshard round, ...), so both see the same machine load. Prints
+the median step time of each, their ratio, and the gradient bytes all-reduced per step.
+
+    PYTHONPATH=build/python /usr/bin/python3 benchmarks/ddp_bench.py --nprocs 2 4
+
+Results and the command lines that produced them: docs/benchmarks.md ("DDP step time").
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model(torch, width, depth, seed):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*layers)
+
+
+def worker(rank, nprocs, port, args, queue):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import railshard  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("railshard", rank=rank, world_size=nprocs,
+                            init_method=f"tcp://127.0.0.1:{port}")
+    groups = {"railshard": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    models, optims = {}, {}
+    for name, group in groups.items():
+        model = build_model(torch, args.width, args.depth, seed=1)
+        models[name] = DDP(model, process_group=group, bucket_cap_mb=args.bucket_mb)
+        optims[name] = torch.optim.SGD(models[name].parameters(), lr=1e-3)
+    params = sum(p.numel() for p in models["railshard"].parameters())
+    gen = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(args.batch, args.width, generator=gen)
+    y = torch.randint(0, 10, (args.batch,), generator=gen)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(name):
+        optims[name].zero_grad(set_to_none=True)
+        loss = loss_fn(models[name](x), y)
+        loss.backward()  # DDP all-reduces the gradient buckets during backward
+        optims[name].step()
+
+    times = {name: [] for name in groups}
+    for round_ in range(args.warmup + args.steps):
+        for name in groups:
+            dist.barrier(group=groups[name])
+            start = time.perf_counter()
+            step(name)
+            elapsed = time.perf_counter() - start
+            if round_ >= args.warmup:
+                times[name].append(elapsed)
+    # A rank's step ends when its own all-reduces did; the slowest rank is the step time.
+    slowest = {}
+    for name in groups:
+        t = torch.tensor(times[name], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
+        slowest[name] = t.tolist()
+    # Same seeds, same data, same updates: the two models must still agree.
+    diff = max((a - b).abs().max().item() for a, b in
+               zip(models["railshard"].parameters(), models["gloo"].parameters()))
+    if rank == 0:
+        queue.put((params, slowest, diff))
+    dist.barrier(group=groups["gloo"])
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=6, help="hidden layers of width x width")
+    parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=25)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    args = parser.parse_args()
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    print(f"# DDP step time, MLP {args.depth}x{args.width}, batch {args.batch}/rank, "
+          f"{args.steps} steps after {args.warmup} warm-up, median over steps of the slowest rank")
+    print(f"{'procs':>5} {'params':>10} {'grad MB':>8} {'railshard ms':>13} {'gloo ms':>9} "
+          f"{'ratio':>6} {'max |dw|':>9}")
+    for nprocs in args.nprocs:
+        queue = ctx.SimpleQueue()
+        port = free_port()
+        procs = [ctx.Process(target=worker, args=(r, nprocs, port, args, queue))
+                 for r in range(nprocs)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=900)
+        if any(p.exitcode != 0 for p in procs) or queue.empty():
+            print(f"ddp_bench: {nprocs} processes failed: exit codes "
+                  f"{[p.exitcode for p in procs]}", file=sys.stderr)
+            return 1
+        params, slowest, diff = queue.get()
+        rs = statistics.median(slowest["railshard"]) * 1e3
+        gl = statistics.median(slowest["gloo"]) * 1e3
+        print(f"{nprocs:>5} {params:>10} {params * 4 / 1e6:>8.1f} {rs:>13.1f} {gl:>9.1f} "
+              f"{rs / gl:>6.2f} {diff:>9.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

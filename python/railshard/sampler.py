@@ -1,0 +1,332 @@
+"""ThroughputSampler: each step, each rank gets its share of the global batch.
+
+A drop-in for ``DistributedSampler`` on ranks that are not equally fast. Every rank holds its
+own ``railshard._C.Dispatcher`` (pure logic, docs/dispatch.md) and feeds it the same calls in
+the same order, so every rank computes the same plan without a coordinator. Shares differ
+from rank to rank and from step to step, so the sampler is a *batch* sampler::
+
+    sampler = railshard.ThroughputSampler(dataset, global_batch_size=256)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+
+Gradients of unequal shares must be weighted by sample count (``railshard.hooks``).
+See docs/pytorch.md for the whole recipe.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import warnings
+from typing import Deque, Iterator, List, Optional, Sized, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+# A loop that yields this many steps without a report() is not reporting: local_samples and
+# the gradient weights follow report() calls, so they would be stale. No DataLoader
+# prefetches this deep (prefetch_factor * num_workers, 2 * workers by default).
+_UNREPORTED_WARNING = 64
+
+
+class _Step:
+    """One planned step as every rank sees it."""
+
+    __slots__ = ("number", "samples", "padded")
+
+    def __init__(self, number: int, samples: List[int], padded: bool) -> None:
+        self.number = number  # plans made before this one, all epochs
+        self.samples = samples  # per rank; 0 for a rank that only got padding
+        self.padded = padded  # this rank's batch is one padding sample of weight 0
+
+
+def _railshard_error(name: str) -> type:
+    # Looked up late: the package imports this module while it is being initialised.
+    package = sys.modules.get(__package__ or "railshard")
+    return getattr(package, name, RuntimeError)
+
+
+class ThroughputSampler(Sampler[List[int]]):
+    """Batch sampler that sizes every rank's batch by its measured throughput.
+
+    Args:
+        dataset: the dataset (anything with ``len``) or its length.
+        global_batch_size: samples per step over all ranks together.
+        group: process group (default: the world); rank and size come from it, and
+            ``report()`` all-gathers over it. Use the group your DDP model uses.
+        num_replicas, rank: override the group's size and rank (as in DistributedSampler);
+            ``report()`` still needs the group when ``num_replicas > 1``.
+        shuffle, seed: a permutation of the dataset per epoch from a ``torch.Generator``
+            seeded ``seed + epoch`` (call ``set_epoch``), the same on every rank.
+        drop_last: drop the epoch's last, incomplete global batch.
+        micro_batch: shares are whole micro-batches (the epoch's tail excepted).
+        min_micro_batches: micro-batches every rank gets per step when the batch allows.
+            The default 1 keeps every rank measured: a rank with no samples reports no
+            speed, so a rank that once looked slow could never win work back.
+        policy: "proportional" (default), "round_robin" (alias "equal"),
+            "weighted_round_robin" or "least_loaded" (docs/dispatch.md).
+
+    Every dataset index appears in exactly one rank's batch once per epoch (with
+    ``drop_last``, all but the dropped tail). Call ``report(seconds)`` once per step, after
+    the step, on every rank: it is how the sampler learns speeds *and* which step the loop
+    is on (``local_samples``, ``loss_scale``, the hook), since a DataLoader with workers
+    iterates the sampler ahead of the loop.
+    """
+
+    def __init__(
+        self,
+        dataset: Union[Sized, int],
+        global_batch_size: int,
+        *,
+        group: Optional["dist.ProcessGroup"] = None,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        micro_batch: int = 1,
+        min_micro_batches: int = 1,
+        policy: str = "proportional",
+    ) -> None:
+        # Sampler.__init__ only stores (or warns about) a data_source; nothing to inherit.
+        size = dataset if isinstance(dataset, int) else len(dataset)
+        if size < 0:
+            raise ValueError(f"ThroughputSampler: dataset length {size} < 0")
+        if global_batch_size < 1:
+            raise ValueError(f"ThroughputSampler: global_batch_size {global_batch_size} < 1")
+        if num_replicas is None or rank is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError(
+                    "ThroughputSampler: torch.distributed is not initialised; call "
+                    "init_process_group first or pass num_replicas and rank"
+                )
+            if num_replicas is None:
+                num_replicas = dist.get_world_size(group)
+            if rank is None:
+                rank = dist.get_rank(group)
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"ThroughputSampler: rank {rank} not in [0, {num_replicas})")
+        if global_batch_size < num_replicas * micro_batch:
+            warnings.warn(
+                f"ThroughputSampler: a global batch of {global_batch_size} cannot give each "
+                f"of {num_replicas} ranks a micro-batch of {micro_batch}: some ranks get a "
+                f"padding sample of weight 0 every step",
+                stacklevel=2,
+            )
+
+        self.dataset_len = size
+        self.global_batch_size = global_batch_size
+        self.group = group
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        # With drop_last the dispatcher's epoch is the whole batches only.
+        self._epoch_size = size - size % global_batch_size if drop_last else size
+        self._steps = -(-self._epoch_size // global_batch_size)  # ceil
+
+        from . import _C  # the C++ extension (built by CMake)
+
+        self.dispatcher = (
+            _C.Dispatcher(num_replicas, self._epoch_size, policy, micro_batch, min_micro_batches)
+            if self._epoch_size > 0
+            else None
+        )
+        self._planned = 0  # plans made, all epochs: the step number of the next plan
+        self._issued: Deque[_Step] = collections.deque()  # yielded, not yet reported
+        self._last: Optional[_Step] = None  # the step planned most recently
+        # Gathered reports waiting for the plan they belong before: (plan number,
+        # samples per rank, seconds per rank). See report().
+        self._pending: Deque[Tuple[int, List[int], List[float]]] = collections.deque()
+        self._warned = False
+        self._grads_ready_at: Optional[float] = None  # set by weighted_allreduce_hook
+        self._reported_seconds: List[float] = []
+
+    # -- DistributedSampler's interface --------------------------------------------------
+
+    def __len__(self) -> int:
+        """Steps per epoch (batches this rank yields; the same on every rank)."""
+        return self._steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's permutation; call before iterating, with the same value on
+        every rank."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = self._order()
+        # Steps of an earlier iteration that were never reported (the loop broke off while
+        # the DataLoader had prefetched) were never trained on.
+        self._issued.clear()
+        if self.dispatcher is None:
+            return
+        d = self.dispatcher
+        if d.step_open():
+            d.complete_step()
+        d.new_epoch()
+        for _ in range(self._steps):
+            # The previous step was handed out; completing it only moves the dispatcher's
+            # books (it need not wait for a report: a loop that never reports still runs).
+            if d.step_open():
+                d.complete_step()
+            self._apply_due()
+            ranges = d.plan(self.global_batch_size)
+            samples = [int(n) for n in d.samples()]
+            mine = [i for begin, end in ranges[self.rank] for i in order[begin:end]]
+            padded = not mine
+            if padded:
+                # This rank got no samples (batch < ranks * micro_batch, or the epoch's
+                # tail). DDP needs every rank in every backward, so it runs one sample —
+                # the step's first — that local_samples == 0 gives weight 0.
+                first = min(begin for rank_ranges in ranges for begin, _ in rank_ranges)
+                mine = [order[first]]
+            step = _Step(self._planned, samples, padded)
+            self._planned += 1
+            self._last = step
+            self._issued.append(step)
+            if len(self._issued) > _UNREPORTED_WARNING and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"ThroughputSampler: {len(self._issued)} steps yielded without report(); "
+                    "call sampler.report(seconds) (or report() without a measurement) once "
+                    "per step — local_samples and the gradient weights follow it",
+                    stacklevel=2,
+                )
+            yield mine
+
+    # -- the current step ---------------------------------------------------------------
+
+    def _current(self) -> Optional[_Step]:
+        # The step the loop is on: the oldest one it has not reported. A DataLoader with
+        # workers has already taken later ones (prefetch).
+        if self._issued:
+            return self._issued[0]
+        return self._last
+
+    @property
+    def step(self) -> int:
+        """Number of the current step (counted over all epochs); -1 before the first."""
+        current = self._current()
+        return -1 if current is None else current.number
+
+    @property
+    def shares(self) -> List[int]:
+        """Samples per rank in the current step (0 for a rank that got only padding)."""
+        current = self._current()
+        return [0] * self.num_replicas if current is None else list(current.samples)
+
+    @property
+    def local_samples(self) -> int:
+        """This rank's samples in the current step (0 when its batch is padding)."""
+        current = self._current()
+        return 0 if current is None else current.samples[self.rank]
+
+    @property
+    def global_samples(self) -> int:
+        """Samples of the current step over all ranks."""
+        current = self._current()
+        return 0 if current is None else sum(current.samples)
+
+    @property
+    def padded(self) -> bool:
+        """This rank's current batch is a padding sample of weight 0."""
+        current = self._current()
+        return current is not None and current.padded
+
+    @property
+    def grads_ready_at(self) -> Optional[float]:
+        """``time.perf_counter()`` when ``weighted_allreduce_hook`` last ran: the end of
+        this rank's backward compute, before it waits for the other ranks' gradients."""
+        return self._grads_ready_at
+
+    @property
+    def reported_seconds(self) -> List[float]:
+        """Every rank's seconds from the last ``report()`` (NaN where none), for logging."""
+        return list(self._reported_seconds)
+
+    # -- measurement --------------------------------------------------------------------
+
+    def report(self, seconds: Optional[float] = None) -> None:
+        """Ends the current step: its compute time on this rank, or None if not measured.
+
+        Collective over ``group``: every rank calls it once per step, in step order. Pass
+        the time this rank computed (forward and backward), not the time it waited for the
+        others — under DDP, ``backward()`` returns only after the gradient all-reduce, so
+        timing around it measures the slowest rank; use ``grads_ready_at`` (set by the
+        hook) as the end instead.
+        """
+        if not self._issued:
+            raise RuntimeError("ThroughputSampler.report: no step to report (iterate first)")
+        step = self._issued.popleft()
+        value = math.nan if seconds is None else float(seconds)
+        invalid = seconds is not None and not (math.isfinite(value) and value >= 0)
+        if invalid:
+            value = math.nan  # join the collective anyway; raise after it (no hang)
+
+        # Every rank sends (seconds, plans made, step reported).
+        mine = [value, float(self._planned), float(step.number)]
+        if self.num_replicas == 1:
+            rows = [mine]
+        else:
+            device = self._device()
+            local = torch.tensor(mine, dtype=torch.float64, device=device)
+            gathered = [torch.empty_like(local) for _ in range(self.num_replicas)]
+            dist.all_gather(gathered, local, group=self.group)
+            rows = [t.tolist() for t in gathered]
+
+        steps = [int(row[2]) for row in rows]
+        if any(s != steps[0] for s in steps):
+            raise _railshard_error("MismatchError")(
+                "ThroughputSampler.report: ranks report different steps "
+                + ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
+                + " (call report() exactly once per step on every rank)"
+            )
+        # Ranks may have planned different numbers of steps (one DataLoader prefetches more
+        # than another, or has not asked yet). Every rank applies this report just before
+        # the same plan — the next plan of the rank that is furthest ahead — so all
+        # dispatchers see the same calls in the same order and stay identical.
+        apply_at = max(int(row[1]) for row in rows)
+        self._reported_seconds = [row[0] for row in rows]
+        self._pending.append((apply_at, step.samples, self._reported_seconds))
+        self._apply_due()
+        if (
+            self.dispatcher is not None
+            and self.dispatcher.step_open()
+            and step.number == self._planned - 1
+        ):
+            self.dispatcher.complete_step()  # the loop has caught up with the plans
+        if invalid:
+            raise ValueError(f"ThroughputSampler.report: seconds={seconds!r} (need a number >= 0)")
+
+    def _apply_due(self) -> None:
+        while self._pending and self._pending[0][0] <= self._planned:
+            _, samples, seconds = self._pending.popleft()
+            if self.dispatcher is None:
+                continue
+            for r, (n, s) in enumerate(zip(samples, seconds)):
+                if math.isfinite(s):  # NaN: that rank measured nothing
+                    self.dispatcher.report(r, float(n), s)
+
+    def _order(self) -> List[int]:
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_len, generator=generator).tolist()
+        else:
+            order = list(range(self.dataset_len))
+        return order[: self._epoch_size]
+
+    def _device(self) -> torch.device:
+        # NCCL gathers only CUDA tensors; every other backend (railshard, gloo, mpi) takes CPU.
+        if str(dist.get_backend(self.group)) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return (
+            f"ThroughputSampler(len={self.dataset_len}, global_batch_size="
+            f"{self.global_batch_size}, rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
+        )
