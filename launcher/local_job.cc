@@ -179,6 +179,19 @@ void drain(Stream& stream) {
 
 // The address the ranks should dial: the bound one, except that a wildcard address (the
 // socket listens everywhere) is not something to connect to; ranks are local, use loopback.
+int freeLocalPort() {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return 29500;  // torchrun's default; only for torch scripts, which may set their own
+  }
+  return ntohs(addr.sin_port);
+}
+
 std::string advertisedAddress(int listen_fd) {
   transport::tcp::SockAddr addr = transport::tcp::localAddress(listen_fd);
   if (addr.storage.ss_family == AF_INET) {
@@ -401,6 +414,20 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, i
   return env;
 }
 
+std::vector<std::string> torchEnvironment(const std::vector<std::string>& base, int rank,
+                                          int world_size, int master_port) {
+  auto has = [&](const std::string& name) {
+    return std::any_of(base.begin(), base.end(),
+                       [&](const std::string& entry) { return entry.rfind(name + "=", 0) == 0; });
+  };
+  std::vector<std::string> env = {
+      "RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
+      "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world_size)};
+  if (!has("MASTER_ADDR")) env.push_back("MASTER_ADDR=127.0.0.1");
+  if (!has("MASTER_PORT")) env.push_back("MASTER_PORT=" + std::to_string(master_port));
+  return env;
+}
+
 std::string describeEnding(int exit_code, int signal) {
   if (signal == 0) return "exited with status " + std::to_string(exit_code);
   // "SIGKILL" is what people type and grep for; strsignal's "Killed" is not.
@@ -424,6 +451,10 @@ int runLocalJob(const LocalJobOptions& options) {
   Fd listener = listenForStore(options.store_host, options.store_port);
   const std::string store_addr = advertisedAddress(listener.get());
 
+  // A port for torch's own TCPStore (rank 0 binds it in init_process_group); free now, and
+  // the kernel does not hand out a just-released ephemeral port again at once.
+  const int torch_port = freeLocalPort();
+
   std::vector<std::string> base_env;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     base_env.emplace_back(*entry);
@@ -446,6 +477,12 @@ int runLocalJob(const LocalJobOptions& options) {
     const bool gets_socket = rank == 0 && !options.elastic;
     spec.env = rankEnvironment(base_env, rank, options.world_size, store_addr, token,
                                gets_socket ? listener.get() : -1, options.elastic);
+    for (auto& entry : torchEnvironment(base_env, rank, options.world_size, torch_port)) {
+      // Replace, not duplicate, what an enclosing launcher left in the base environment.
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      std::erase_if(spec.env, [&](const std::string& e) { return e.rfind(name, 0) == 0; });
+      spec.env.push_back(std::move(entry));
+    }
     // Rank 0 reads the launcher's stdin, unless that is a terminal: ranks are not in the
     // terminal's foreground group, and reading it would stop them (SIGTTIN).
     spec.stdin_fd = (rank == 0 && ::isatty(STDIN_FILENO) == 0) ? STDIN_FILENO : -1;

@@ -64,6 +64,15 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, i
                                          const std::string& token, int store_fd,
                                          bool store_external = false);
 
+// What torch.distributed's env:// rendezvous (and torchrun-style scripts) read: RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and MASTER_ADDR=127.0.0.1 / MASTER_PORT=
+// master_port unless `base` sets them (a user's choice is kept; every rank sees the same one).
+// Appended to each rank's environment, so dist.init_process_group("railshard") works
+// unchanged under railshard-launch. The rank variables always follow RAILSHARD_RANK: an
+// enclosing torchrun's values would contradict it.
+std::vector<std::string> torchEnvironment(const std::vector<std::string>& base, int rank,
+                                          int world_size, int master_port);
+
 // How a rank ended, for the failure line and the lost mark: "exited with status 3",
 // "killed by SIGKILL".
 std::string describeEnding(int exit_code, int signal);

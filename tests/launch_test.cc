@@ -651,6 +651,17 @@ TEST(RankEnvironmentTest, ReplacesLaunchVariablesAndKeepsTheRest) {
   EXPECT_EQ(rank0.back(), "RAILSHARD_STORE_FD=7");
 }
 
+TEST(RankEnvironmentTest, TorchVariablesFollowTheRankAndKeepTheUsersMaster) {
+  const auto env = railshard::launcher::torchEnvironment({"PATH=/bin"}, 2, 4, 41234);
+  EXPECT_EQ(
+      env, (std::vector<std::string>{"RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4",
+                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=41234"}));
+  const auto users = railshard::launcher::torchEnvironment(
+      {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=5555", "RANK=7"}, 0, 2, 41234);
+  EXPECT_EQ(users, (std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0",
+                                             "LOCAL_WORLD_SIZE=2"}));
+}
+
 TEST(RankEnvironmentTest, ElasticRanksAreToldTheStoreIsExternal) {
   const auto env = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"}, 0, 2,
                                                         "127.0.0.1:5000", "tok", -1, true);
