@@ -18,13 +18,23 @@ std::string joinKeys(const std::vector<std::string>& keys) {
   return out;
 }
 
-// c10d raises c10::Error (DistStoreError in 2.x) for a timeout and for a lost store alike;
-// the text tells them apart for a human, and a wait that failed is reported as a timeout.
+// c10::Error's what() carries a C++ backtrace; people need the first line.
+std::string textOf(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+// c10d raises c10::Error (DistStoreError in 2.x) for a timeout and for a lost store alike, and
+// std::system_error when the store's connection breaks; everything leaves as a railshard
+// error (the communicator's background threads catch only those). The text tells a human
+// which it was; a wait that failed is reported as a timeout.
 [[noreturn]] void rethrowWaitFailure(const std::string& what, Duration timeout,
-                                     const c10::Error& e) {
+                                     const std::exception& e) {
   throw TimeoutError("c10d store: waited " +
                      std::to_string(std::chrono::duration<double>(timeout).count()) + " s for " +
-                     what + ": " + e.what_without_backtrace());
+                     what + ": " + textOf(e));
 }
 
 }  // namespace
@@ -33,9 +43,9 @@ void C10dStore::set(const std::string& key, const Bytes& value, Duration /*timeo
   std::lock_guard lock(mutex_);
   try {
     store_->set(key, value);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     throw PeerLostError("c10d store: set of key '" + key +
-                        "' failed: " + e.what_without_backtrace());
+                        "' failed: " + textOf(e));
   }
 }
 
@@ -44,7 +54,7 @@ Store::Bytes C10dStore::get(const std::string& key, Duration timeout) {
   try {
     store_->wait({key}, toMillis(timeout));
     return store_->get(key);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     rethrowWaitFailure("key '" + key + "'", timeout, e);
   }
 }
@@ -53,9 +63,9 @@ int64_t C10dStore::add(const std::string& key, int64_t delta, Duration /*timeout
   std::lock_guard lock(mutex_);
   try {
     return store_->add(key, delta);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     throw PeerLostError("c10d store: add to key '" + key +
-                        "' failed: " + e.what_without_backtrace());
+                        "' failed: " + textOf(e));
   }
 }
 
@@ -63,7 +73,7 @@ void C10dStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   std::lock_guard lock(mutex_);
   try {
     store_->wait(keys, toMillis(timeout));
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     rethrowWaitFailure("keys " + joinKeys(keys), timeout, e);
   }
 }
@@ -72,9 +82,9 @@ bool C10dStore::remove(const std::string& key, Duration /*timeout*/) {
   std::lock_guard lock(mutex_);
   try {
     return store_->deleteKey(key);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     throw PeerLostError("c10d store: removing key '" + key +
-                        "' failed: " + e.what_without_backtrace());
+                        "' failed: " + textOf(e));
   }
 }
 
