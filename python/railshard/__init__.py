@@ -65,3 +65,4 @@ _register()
 
 from .sampler import ThroughputSampler  # noqa: E402,F401
 from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401
+from .launch import fill_env, init_process_group  # noqa: E402,F401
