@@ -13,8 +13,8 @@ import sys, sysconfig
 import torch, torch.utils.cpp_extension as ext
 c = torch._C
 print("version=" + torch.__version__.split("+")[0])
-print("includes=" + ";".join(ext.include_paths()))
-print("libdirs=" + ";".join(ext.library_paths()))
+print("includes=" + "|".join(ext.include_paths()))
+print("libdirs=" + "|".join(ext.library_paths()))
 print("cxx11abi=" + str(int(bool(c._GLIBCXX_USE_CXX11_ABI))))
 for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
     value = getattr(c, "_PYBIND11_" + name, None)
@@ -40,7 +40,8 @@ function(_railshard_probe_torch python out_ok)
     string(SUBSTRING "${line}" 0 ${eq} key)
     math(EXPR start "${eq} + 1")
     string(SUBSTRING "${line}" ${start} -1 value)
-    # Lists come as ;-joined strings: keep them as CMake lists.
+    # Lists come |-joined (a ";" would have split the line above): make them CMake lists.
+    string(REPLACE "|" ";" value "${value}")
     set(_probe_${key} "${value}" PARENT_SCOPE)
   endforeach()
 endfunction()
@@ -72,8 +73,13 @@ macro(railshard_find_torch)
     endforeach()
     # Debian's python3-torch points include_paths() at dist-packages, but libtorch-dev puts
     # the C++ frontend headers (torch/version.h) under /usr/include/torch/csrc/api/include.
+    # Only there: a wheel's build must never pick up Debian's headers.
     find_path(_railshard_torch_version_dir torch/version.h
-      HINTS ${RAILSHARD_TORCH_INCLUDE_DIRS} PATHS /usr/include/torch/csrc/api/include NO_CACHE)
+      PATHS ${RAILSHARD_TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH NO_CACHE)
+    if(NOT _railshard_torch_version_dir AND "${_probe_includes}" MATCHES "^/usr/lib/python3/")
+      find_path(_railshard_torch_version_dir torch/version.h
+        PATHS /usr/include/torch/csrc/api/include NO_DEFAULT_PATH NO_CACHE)
+    endif()
     if(_railshard_torch_version_dir)
       list(APPEND RAILSHARD_TORCH_INCLUDE_DIRS "${_railshard_torch_version_dir}")
     else()
