@@ -44,8 +44,7 @@ void C10dStore::set(const std::string& key, const Bytes& value, Duration /*timeo
   try {
     store_->set(key, value);
   } catch (const std::exception& e) {
-    throw PeerLostError("c10d store: set of key '" + key +
-                        "' failed: " + textOf(e));
+    throw PeerLostError("c10d store: set of key '" + key + "' failed: " + textOf(e));
   }
 }
 
@@ -64,8 +63,7 @@ int64_t C10dStore::add(const std::string& key, int64_t delta, Duration /*timeout
   try {
     return store_->add(key, delta);
   } catch (const std::exception& e) {
-    throw PeerLostError("c10d store: add to key '" + key +
-                        "' failed: " + textOf(e));
+    throw PeerLostError("c10d store: add to key '" + key + "' failed: " + textOf(e));
   }
 }
 
@@ -83,8 +81,7 @@ bool C10dStore::remove(const std::string& key, Duration /*timeout*/) {
   try {
     return store_->deleteKey(key);
   } catch (const std::exception& e) {
-    throw PeerLostError("c10d store: removing key '" + key +
-                        "' failed: " + textOf(e));
+    throw PeerLostError("c10d store: removing key '" + key + "' failed: " + textOf(e));
   }
 }
 

@@ -109,6 +109,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &railshard::python::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("world_size"), py::arg("timeout"),
         "Creates the railshard process group / backend (torch.distributed's creator).");
+  m.def("_shutdown_all", &railshard::python::ProcessGroupRailshard::shutdownAll,
+        py::call_guard<py::gil_scoped_release>(),
+        "Shuts every railshard process group of this process down (registered with atexit).");
   m.attr("torch_version") = TORCH_VERSION;
   railshard::python::bindDispatcher(m);
 }

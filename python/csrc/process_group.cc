@@ -1,6 +1,7 @@
 #include "python/csrc/process_group.h"
 
 #include <cstdlib>
+#include <set>
 #include <utility>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -90,6 +91,16 @@ void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
   }
 }
 
+// Every live group, for shutdownAll().
+std::mutex& registryMutex() {
+  static auto* mutex = new std::mutex;  // never destroyed: used from static destructors
+  return *mutex;
+}
+std::set<ProcessGroupRailshard*>& registry() {
+  static auto* groups = new std::set<ProcessGroupRailshard*>;
+  return *groups;
+}
+
 template <typename Fn>
 auto guarded(Fn&& fn) -> decltype(fn()) {
   try {
@@ -149,17 +160,35 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     communicator_ = Communicator::create(*railshard_store, options);
   });
   worker_ = std::thread([this] { workerLoop(); });
+  std::lock_guard lock(registryMutex());
+  registry().insert(this);
 }
 
 ProcessGroupRailshard::~ProcessGroupRailshard() {
   {
+    std::lock_guard lock(registryMutex());
+    registry().erase(this);
+  }
+  shutdown();
+}
+
+void ProcessGroupRailshard::shutdown() {
+  {
     std::lock_guard lock(mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
     stopping_ = true;
   }
   queue_cv_.notify_all();
   // Queued collectives still run (each is bounded by its deadline), as with gloo: a Work a
   // caller holds must complete one way or the other.
   if (worker_.joinable()) worker_.join();
+  communicator_.reset();
+}
+
+void ProcessGroupRailshard::shutdownAll() {
+  std::lock_guard lock(registryMutex());
+  for (ProcessGroupRailshard* group : registry()) group->shutdown();
 }
 
 void ProcessGroupRailshard::workerLoop() {
@@ -198,6 +227,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueue(c10d::OpType type,
   auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
   {
     std::lock_guard lock(mutex_);
+    if (stopping_) {
+      throw InvalidArgument(std::string("railshard ") + c10d::opTypeToString(type) +
+                            ": the process group was shut down (destroy_process_group or "
+                            "interpreter exit)");
+    }
     queue_.emplace_back(work, std::move(job));
   }
   queue_cv_.notify_one();

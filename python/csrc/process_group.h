@@ -66,7 +66,19 @@ class ProcessGroupRailshard : public BackendBase {
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  Communicator& communicator() { return *communicator_; }
+  // Runs what is queued, stops the worker and closes the communicator; later collectives
+  // raise InvalidArgument. Idempotent. torch 2.x calls it from destroy_process_group().
+#if TORCH_VERSION_MAJOR >= 2
+  void shutdown() override;
+#else
+  void shutdown();
+#endif
+
+  // shutdown() of every live group of this process: the package calls it at interpreter
+  // exit, because objects that still hold a group (a DDP model, torch's own registry) may
+  // outlive Python's finalization, and a communicator whose threads run on into C++ static
+  // destruction crashes the exiting process.
+  static void shutdownAll();
 
  private:
   using Job = std::function<void(Communicator&)>;
@@ -84,6 +96,7 @@ class ProcessGroupRailshard : public BackendBase {
   std::condition_variable queue_cv_;
   std::deque<std::pair<c10::intrusive_ptr<Work>, Job>> queue_;
   bool stopping_ = false;
+  bool shut_down_ = false;
   std::thread worker_;
 };
 

@@ -8,6 +8,8 @@ throughput-aware batch sampler and the gradient weighting that goes with it.
 See docs/pytorch.md.
 """
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -62,6 +64,9 @@ def _register():
 
 _check_torch_matches()
 _register()
+# Groups still referenced at exit (a DDP model, torch's registry) are closed while Python and
+# the C++ runtime are intact; see ProcessGroupRailshard::shutdownAll.
+atexit.register(_C._shutdown_all)
 
 from .sampler import ThroughputSampler  # noqa: E402,F401
 from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401
