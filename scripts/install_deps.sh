@@ -13,6 +13,9 @@ packages=(
   libibverbs-dev librdmacm-dev
   iproute2 graphviz iperf3
   clang libclang-rt-14-dev llvm-14  # fuzz/ (libFuzzer) and sanitizer symbolization
+  # python/ (the torch.distributed backend) and its pytest suites under Debian's torch 1.13;
+  # python3-venv: scripts/torch_venv.sh makes the torch 2.x venv
+  python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest python3-venv
 )
 
 missing=()

@@ -1,8 +1,43 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the whole test suite (ctest).
+# Installs dependencies, builds, and runs the whole test suite (ctest: C++ tests, plus the
+# Python tests under Debian's torch 1.13 when the PyTorch extension is built), then the
+# Python tests again under a current torch 2.x:
+#   - scripts/torch_venv.sh makes sure the cached venv with torch 2.x exists (outside the
+#     checkout; created only when missing, which needs network access once);
+#   - build-torch2/ builds only the extension (and railshard-launch) for that torch;
+#   - pytest runs tests/python with that venv's interpreter against build-torch2/python.
+# RAILSHARD_SKIP_TORCH2=1 skips the torch 2.x pass (a machine without network). Both passes
+# always run; the script fails if either fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install_deps.sh"
 "$root/scripts/build.sh"
-cd "$root/build"
-ctest --output-on-failure -j 2 --timeout 600
+
+status=0
+(cd "$root/build" && ctest --output-on-failure -j 2 --timeout 600) || status=1
+
+if [ "${RAILSHARD_SKIP_TORCH2:-0}" = "1" ]; then
+  echo "test.sh: RAILSHARD_SKIP_TORCH2=1: skipping the Python tests under torch 2.x"
+  exit $status
+fi
+
+echo "test.sh: Python tests under torch 2.x"
+if ! venv=$("$root/scripts/torch_venv.sh"); then
+  echo "test.sh: no torch 2.x venv (see above); the torch 2.x pass FAILED" >&2
+  exit 1
+fi
+build2="$root/build-torch2"
+cmake -S "$root" -B "$build2" -DCMAKE_BUILD_TYPE=Release \
+  -DRAILSHARD_PYTHON="$venv/bin/python" -DRAILSHARD_WITH_TORCH=ON \
+  -DRAILSHARD_BUILD_TESTS=OFF -DRAILSHARD_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build "$build2" -j "$(nproc)" --target railshard_torch railshard-launch
+# From tests/python with no cache and no bytecode: nothing is left in the source tree.
+(cd "$root/tests/python" &&
+  RAILSHARD_BUILD_PYTHON="$build2/python" RAILSHARD_REQUIRE_MODULE=1 \
+  RAILSHARD_LAUNCH="$build2/launcher/tools/railshard-launch" \
+  PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 \
+  "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider .) || status=1
+if [ $status -ne 0 ]; then
+  echo "test.sh: FAILED (see above)" >&2
+fi
+exit $status

@@ -71,7 +71,9 @@ class ThroughputSampler(Sampler[List[int]]):
     ``drop_last``, all but the dropped tail). Call ``report(seconds)`` once per step, after
     the step, on every rank: it is how the sampler learns speeds *and* which step the loop
     is on (``local_samples``, ``loss_scale``, the hook), since a DataLoader with workers
-    iterates the sampler ahead of the loop.
+    iterates the sampler ahead of the loop (prefetch_factor * num_workers batches): the
+    weights stay exact, but a report reaches the plans only after the batches already
+    prefetched, so adaptation lags by the prefetch depth.
     """
 
     def __init__(

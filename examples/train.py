@@ -1,0 +1,149 @@
+"""Data-parallel training with railshard: DDP + ThroughputSampler + weighted gradients.
+
+A small MLP learns a synthetic classification task. Each rank's share of every global
+batch follows its measured speed; ``--slow-rank R --slow-factor F`` makes rank R emulate a
+GPU F times slower (it sleeps in proportion to its samples), and rank 0 logs every step's
+shares and compute times, so you can watch the shares move.
+
+    PYTHONPATH=build/python build/launcher/tools/railshard-launch -n 4 \\
+        /usr/bin/python3 examples/train.py --slow-rank 1 --slow-factor 3
+    PYTHONPATH=build/python torchrun --nproc_per_node 4 examples/train.py
+    PYTHONPATH=build/python mpirun -n 4 -x PYTHONPATH python3 examples/train.py
+
+See docs/pytorch.md.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+try:
+    import railshard
+except ImportError:  # run from a checkout without PYTHONPATH: try the default build tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
+                                    "python"))
+    import railshard
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="railshard", choices=["railshard", "gloo"])
+    p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    p.add_argument("--batch", type=int, default=512, help="global batch size (default 512)")
+    p.add_argument("--samples", type=int, default=16384, help="dataset size (default 16384)")
+    p.add_argument("--hidden", type=int, default=256, help="MLP width (default 256)")
+    p.add_argument("--policy", default="proportional",
+                   help="proportional, round_robin, weighted_round_robin, least_loaded")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--weighting", default="hook", choices=["hook", "loss_scale"],
+                   help="how gradients are weighted by sample count (default hook)")
+    p.add_argument("--sample-ms", type=float, default=1.0,
+                   help="emulated compute per sample and rank, ms (default 1; 0: none)")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank that emulates a slower GPU")
+    p.add_argument("--slow-factor", type=float, default=1.0, help="how much slower (e.g. 3)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--quiet", action="store_true", help="log a summary only")
+    return p.parse_args()
+
+
+class SyntheticTask(torch.utils.data.Dataset):
+    """Random inputs labelled by a fixed random linear map: learnable, same on every rank."""
+
+    def __init__(self, samples, features=64, classes=10, seed=1234):
+        g = torch.Generator()
+        g.manual_seed(seed)
+        self.x = torch.randn(samples, features, generator=g)
+        self.y = (self.x @ torch.randn(features, classes, generator=g)).argmax(dim=1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)  # several ranks share this host's cores
+    # dist.init_process_group after filling RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from
+    # the launcher's variables where missing (mpirun, srun); railshard-launch and torchrun
+    # export torch's own.
+    railshard.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    data = SyntheticTask(args.samples)
+    torch.manual_seed(0)  # DDP broadcasts rank 0's parameters anyway
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    sampler = railshard.ThroughputSampler(data, args.batch, micro_batch=args.micro_batch,
+                                          policy=args.policy)
+    if args.weighting == "hook":
+        ddp.register_comm_hook(sampler, railshard.weighted_allreduce_hook)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler,
+                                         num_workers=args.num_workers)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    per_sample_s = args.sample_ms / 1000 * (args.slow_factor if rank == args.slow_rank else 1)
+
+    if rank == 0:
+        print(f"train.py: {world} ranks, backend {args.backend}, global batch {args.batch}, "
+              f"{args.steps} steps, weighting {args.weighting}, policy {args.policy}"
+              + (f", rank {args.slow_rank} {args.slow_factor}x slower"
+                 if 0 <= args.slow_rank < world else ""), flush=True)
+    step, epoch, step_times = 0, 0, []
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            started = time.perf_counter()
+            loss = raw_loss = F.cross_entropy(ddp(x), y)
+            # The emulated GPU: time in proportion to this rank's samples.
+            time.sleep(per_sample_s * sampler.local_samples)
+            if args.weighting == "loss_scale":
+                loss = loss * railshard.loss_scale(sampler)
+                # backward() waits for the all-reduce, i.e. for the slowest rank: time up to
+                # here. Backward costs about as much per sample as forward, so the ratios
+                # between ranks (all the dispatcher needs) stay right.
+                computed = time.perf_counter() - started
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if args.weighting == "hook":
+                # The hook stamped the end of this rank's backward compute, before the wait.
+                computed = sampler.grads_ready_at - started
+            shares = sampler.shares
+            sampler.report(computed)  # collective: every rank, once per step
+            step_times.append(time.perf_counter() - started)
+            if rank == 0 and not args.quiet:
+                ms = " ".join(f"{s * 1000:6.1f}" for s in sampler.reported_seconds)
+                print(f"step {step:4d} epoch {epoch} | shares {' '.join(f'{n:4d}' for n in shares)}"
+                      f" | compute ms {ms} | step {step_times[-1] * 1000:6.1f} ms"
+                      f" | loss {raw_loss.item():.4f}", flush=True)
+            step += 1
+            if step == args.steps:
+                break
+        epoch += 1
+
+    if rank == 0:
+        half = step_times[len(step_times) // 2:]
+        ideal = ""
+        if args.sample_ms > 0:
+            speeds = [1 / (args.slow_factor if r == args.slow_rank else 1) for r in range(world)]
+            ideal_s = args.batch * args.sample_ms / 1000 / sum(speeds)
+            ideal = f" (emulated compute alone: {ideal_s * 1000:.1f} ms)"
+        print(f"train.py: done; median step over the last {len(half)} steps "
+              f"{statistics.median(half) * 1000:.1f} ms{ideal}; last shares {shares}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
