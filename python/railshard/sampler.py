@@ -263,7 +263,10 @@ class ThroughputSampler(Sampler[List[int]]):
         if not self._issued:
             raise RuntimeError("ThroughputSampler.report: no step to report (iterate first)")
         step = self._issued.popleft()
-        value = math.nan if seconds is None else float(seconds)
+        try:
+            value = math.nan if seconds is None else float(seconds)
+        except (TypeError, ValueError):
+            value = math.nan
         invalid = seconds is not None and not (math.isfinite(value) and value >= 0)
         if invalid:
             value = math.nan  # join the collective anyway; raise after it (no hang)
