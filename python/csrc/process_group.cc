@@ -1,5 +1,7 @@
 #include "python/csrc/process_group.h"
 
+#include <Python.h>
+
 #include <cstdlib>
 #include <set>
 #include <utility>
@@ -181,8 +183,13 @@ void ProcessGroupRailshard::shutdown() {
   }
   queue_cv_.notify_all();
   // Queued collectives still run (each is bounded by its deadline), as with gloo: a Work a
-  // caller holds must complete one way or the other.
+  // caller holds must complete one way or the other. The caller may hold the GIL (torch 1.13
+  // destroys the group from destroy_process_group with it held) while the worker needs it to
+  // free the last reference to a tensor that owns a Python object: let it go while joining.
+  PyThreadState* released =
+      (Py_IsInitialized() != 0 && PyGILState_Check() != 0) ? PyEval_SaveThread() : nullptr;
   if (worker_.joinable()) worker_.join();
+  if (released != nullptr) PyEval_RestoreThread(released);
   communicator_.reset();
 }
 

@@ -13,8 +13,26 @@ import atexit
 import torch
 import torch.distributed as dist
 
-from . import _C
-from ._C import (  # noqa: F401  (re-exported)
+from . import _build_info
+
+
+def _check_torch_matches():
+    # The extension is tied to the torch it was compiled against (C++ ABI, c10d classes);
+    # loading it into another one aborts the interpreter or fails in obscure ways, so this
+    # runs before _C is imported, from a file CMake wrote.
+    built = _build_info.torch_version.split("+")[0]
+    running = torch.__version__.split("+")[0]
+    if built.split(".")[:2] != running.split(".")[:2]:
+        raise ImportError(
+            f"railshard was built against torch {built} (for {_build_info.python}) but this "
+            f"interpreter runs torch {running}; rebuild with -DRAILSHARD_PYTHON=<this python>"
+        )
+
+
+_check_torch_matches()
+
+from . import _C  # noqa: E402
+from ._C import (  # noqa: E402,F401  (re-exported)
     ConfigError,
     Dispatcher,
     Error,
@@ -31,18 +49,6 @@ BACKEND = "railshard"
 def _torch_major_minor():
     parts = torch.__version__.split("+")[0].split(".")
     return int(parts[0]), int(parts[1])
-
-
-def _check_torch_matches():
-    # The extension is tied to the torch it was compiled against (C++ ABI, c10d classes);
-    # loading it into another one fails in obscure ways, so say so plainly instead.
-    built = _C.torch_version.split("+")[0]
-    running = torch.__version__.split("+")[0]
-    if built.split(".")[:2] != running.split(".")[:2]:
-        raise ImportError(
-            f"railshard was built against torch {built} but this interpreter runs torch "
-            f"{running}; rebuild with -DRAILSHARD_PYTHON=<this python>"
-        )
 
 
 def _create(store, rank, world_size, timeout):
@@ -62,7 +68,6 @@ def _register():
         dist.Backend.register_backend(BACKEND, _create)
 
 
-_check_torch_matches()
 _register()
 # Groups still referenced at exit (a DDP model, torch's registry) are closed while Python and
 # the C++ runtime are intact; see ProcessGroupRailshard::shutdownAll.
