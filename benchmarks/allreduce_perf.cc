@@ -3,6 +3,10 @@
 // prints. --backend picks the library that runs the all-reduce (benchmarks/perf_backend.h);
 // sizes, data, validation and timing are this file's, identical for every backend.
 //
+// Beyond nccl-tests: an efficiency column (in-place busbw against the link limit of the
+// cluster topology, or --link-gbps), -J FILE for the results as JSON, and a progress line on
+// stderr when it is a terminal.
+//
 //   railshard-launch -n 4 allreduce_perf -b 8 -e 64M -f 4
 //   mpirun -np 4 allreduce_perf -b 8 -e 64M -f 4
 //   mpirun -np 4 allreduce_perf --backend mpi -b 8 -e 64M -f 4
@@ -10,32 +14,30 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "benchmarks/perf_backend.h"
 #include "benchmarks/perf_data.h"
+#include "benchmarks/perf_json.h"
 #include "benchmarks/perf_options.h"
+#include "benchmarks/perf_progress.h"
+#include "benchmarks/perf_results.h"
 #include "core/base/error.h"
+
+#ifndef RAILSHARD_VERSION_STRING
+#define RAILSHARD_VERSION_STRING "unknown"
+#endif
 
 namespace railshard::bench {
 namespace {
-
-struct Result {
-  double seconds = 0;  // per iteration, combined over ranks per -a
-  size_t wrong = 0;
-};
-
-// nccl-tests' definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce,
-// the traffic each rank's links must carry, comparable across world sizes. GB = 1e9 bytes.
-double busFactor(int size) {
-  return size > 1 ? 2.0 * (size - 1) / size : 0.0;
-}
 
 // -a: 0 rank 0's time, 1 mean, 2 min, 3 max.
 PerfBackend::Combine combineFor(int average) {
@@ -51,12 +53,12 @@ PerfBackend::Combine combineFor(int average) {
   }
 }
 
-Result runOne(PerfBackend& comm, const PerfOptions& options, size_t count, bool in_place,
-              std::vector<uint8_t>& send, std::vector<uint8_t>& recv) {
+PerfMeasurement runOne(PerfBackend& comm, const PerfOptions& options, size_t count, bool in_place,
+                       std::vector<uint8_t>& send, std::vector<uint8_t>& recv) {
   const size_t bytes = count * sizeOf(options.dtype);
   void* out = recv.data();
   const void* in = in_place ? out : send.data();
-  Result result;
+  PerfMeasurement result;
   if (options.check) {
     fillInput(in_place ? out : send.data(), count, options.dtype, options.op, comm.rank());
     if (!in_place) std::memset(out, 0, bytes);
@@ -79,13 +81,45 @@ Result runOne(PerfBackend& comm, const PerfOptions& options, size_t count, bool 
   return result;
 }
 
-void printColumns(const Result& r, size_t bytes, int size) {
-  const double algbw = r.seconds > 0 ? static_cast<double>(bytes) / r.seconds / 1e9 : 0;
+void printColumns(const PerfMeasurement& r, size_t bytes, int size) {
+  const double algbw = algbwGBps(r, bytes);
   const double us = r.seconds * 1e6;
   // nccl-tests' time precision: fewer decimals as the number grows.
   char time[32];
   std::snprintf(time, sizeof(time), us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
   std::printf("  %7s  %6.2f  %6.2f  %6zu", time, algbw, algbw * busFactor(size), r.wrong);
+}
+
+// The limit efficiency is measured against: --link-gbps, else what the backend's topology says.
+tracing::LinkLimit chooseLimit(const PerfOptions& options, const PerfBackend& comm,
+                               std::string& source) {
+  if (options.link_gbps > 0) {
+    tracing::LinkLimit given;
+    given.gbps = options.link_gbps;
+    given.description = "--link-gbps";
+    source = "--link-gbps";
+    return given;
+  }
+  source = "topology";
+  return comm.linkLimit();
+}
+
+// -J's file, opened by rank 0 before the sweep so that a path that cannot be written fails
+// the run at once rather than after it. Every rank learns rank 0's errno (collectively), so
+// all stop together with the same message, whichever of them the launcher reports first.
+std::ofstream openJson(const PerfOptions& options, PerfBackend& comm) {
+  std::ofstream file;
+  int64_t error = 0;
+  if (comm.rank() == 0 && !options.json_path.empty()) {
+    file.open(options.json_path, std::ios::trunc);
+    if (!file) error = errno != 0 ? errno : EIO;
+  }
+  error = comm.sumInt64(error);
+  if (error != 0) {
+    throw ConfigError("-J " + options.json_path +
+                      ": cannot open for writing: " + std::strerror(static_cast<int>(error)));
+  }
+  return file;
 }
 
 int run(int argc, char** argv) {
@@ -104,6 +138,10 @@ int run(int argc, char** argv) {
   const int rank = comm->rank();
   const int size = comm->size();
   const size_t element = sizeOf(options.dtype);
+  std::ofstream json = openJson(options, *comm);
+  std::string limit_source;
+  const tracing::LinkLimit limit = chooseLimit(options, *comm, limit_source);
+  const bool efficiency_known = limit.gbps > 0;
 
   if (rank == 0) {
     std::printf(
@@ -115,6 +153,12 @@ int run(int argc, char** argv) {
             : (std::to_string(options.step_bytes) + "(bytes)").c_str(),
         options.warmup_iters, options.iters, options.check ? 1 : 0);
     std::printf("#\n# Using %s\n", comm->describe().c_str());
+    if (efficiency_known) {
+      std::printf("# link limit: %g Gbit/s (%s); eff = in-place busbw x 8 / limit, in %%\n",
+                  limit.gbps, limit.description.c_str());
+    } else {
+      std::printf("# link limit: unknown (%s)\n", limit.description.c_str());
+    }
   }
   // Every rank reports where it runs, like nccl-tests' device list.
   char host[256] = {0};
@@ -129,56 +173,88 @@ int run(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf("#\n");
+    // nccl-tests' columns unchanged; eff (when known) is appended, so parsers that split a
+    // row into its first 13 words keep working.
     std::printf(
         "#                                                              out-of-place               "
         "        in-place          \n");
     std::printf(
         "#       size         count      type   redop    root     time   algbw   busbw #wrong     "
-        "time   algbw   busbw #wrong\n");
+        "time   algbw   busbw #wrong%s\n",
+        efficiency_known ? "     eff" : "");
     std::printf(
         "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            "
-        "(us)  (GB/s)  (GB/s)       \n");
+        "(us)  (GB/s)  (GB/s)       %s\n",
+        efficiency_known ? "     (%)" : "");
   }
 
   std::vector<uint8_t> send(std::max<size_t>(options.max_bytes, element));
   std::vector<uint8_t> recv(send.size());
+  const std::vector<size_t> sweep = sweepSizes(options);
+  const bool progress_on = options.progress == PerfOptions::Progress::kAuto
+                               ? stderrIsTerminal()
+                               : options.progress == PerfOptions::Progress::kOn;
+  ProgressLine progress(rank == 0 && progress_on, sweep.size());
+  std::vector<PerfRow> rows;
   double busbw_sum = 0;
-  int sizes = 0;
   size_t total_wrong = 0;
-  for (size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
-    const size_t count = bytes / element;
-    const size_t used = count * element;
-    const Result out_of_place = runOne(*comm, options, count, false, send, recv);
-    const Result in_place = runOne(*comm, options, count, true, send, recv);
-    total_wrong += out_of_place.wrong + in_place.wrong;
+  bool json_failed = false;
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    PerfRow row;
+    row.count = sweep[i] / element;
+    row.bytes = row.count * element;
+    progress.show(i, row.bytes, "out-of-place");
+    row.out_of_place = runOne(*comm, options, row.count, false, send, recv);
+    progress.show(i, row.bytes, "in-place");
+    row.in_place = runOne(*comm, options, row.count, true, send, recv);
+    progress.clear();
+    total_wrong += row.out_of_place.wrong + row.in_place.wrong;
     if (rank == 0) {
-      std::printf("%12zu  %12zu  %8s  %6s  %6i", used, count,
+      std::printf("%12zu  %12zu  %8s  %6s  %6i", row.bytes, row.count,
                   std::string(name(options.dtype)).c_str(), std::string(name(options.op)).c_str(),
                   -1);
-      printColumns(out_of_place, used, size);
-      printColumns(in_place, used, size);
+      printColumns(row.out_of_place, row.bytes, size);
+      printColumns(row.in_place, row.bytes, size);
+      const double busbw = busbwGBps(row.in_place, row.bytes, size);
+      if (efficiency_known) std::printf("  %6.1f", 100 * efficiency(busbw, limit.gbps));
       std::printf("\n");
       std::fflush(stdout);
-      const double algbw =
-          in_place.seconds > 0 ? static_cast<double>(used) / in_place.seconds / 1e9 : 0;
-      busbw_sum += algbw * busFactor(size);
-      ++sizes;
+      busbw_sum += busbw;
+      rows.push_back(row);
     }
-    const size_t next = options.step_factor > 0
-                            ? static_cast<size_t>(static_cast<double>(bytes) * options.step_factor)
-                            : bytes + options.step_bytes;
-    if (next <= bytes) break;
-    bytes = next;
   }
   if (rank == 0) {
+    const double avg_busbw = rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size());
     std::printf("# Out of bounds values : %zu %s\n", total_wrong,
                 total_wrong == 0 ? "OK" : "FAILED");
-    std::printf("# Avg bus bandwidth    : %g \n", sizes > 0 ? busbw_sum / sizes : 0.0);
+    std::printf("# Avg bus bandwidth    : %g \n", avg_busbw);
+    if (efficiency_known) {
+      std::printf("# Avg efficiency       : %.1f %% of %g Gbit/s\n",
+                  100 * efficiency(avg_busbw, limit.gbps), limit.gbps);
+    }
     std::printf("#\n");
     std::fflush(stdout);
+    if (json.is_open()) {
+      PerfRunInfo info;
+      info.backend = std::string(comm->name());
+      info.description = comm->describe();
+      info.version = RAILSHARD_VERSION_STRING;
+      info.ranks = size;
+      info.hosts = comm->hosts();
+      info.limit = limit;
+      info.limit_source = limit_source;
+      writePerfJson(json, options, info, rows);
+      json.close();
+      if (!json) {
+        // Not thrown: the other ranks are about to meet rank 0 in the barrier below.
+        std::fprintf(stderr, "allreduce_perf: -J %s: writing failed: %s\n",
+                     options.json_path.c_str(), std::strerror(errno));
+        json_failed = true;
+      }
+    }
   }
   comm->barrier();
-  const int code = total_wrong == 0 ? 0 : 1;
+  const int code = total_wrong == 0 && !json_failed ? 0 : 1;
   if (!comm->shutdown(std::chrono::seconds(10))) {
     // The table is printed and checked; a peer library stuck closing its connections must not
     // turn a finished run into a hang (see GlooBackend::teardown).

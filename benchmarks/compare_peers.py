@@ -91,7 +91,8 @@ def parse_table(stdout):
         if line.startswith("# Out of bounds values"):
             footer_ok = line.rstrip().endswith("0 OK")
         words = line.split()
-        if len(words) != 13 or not words[0].isdigit() or words[4] != "-1":
+        # 13 columns, or 14 with allreduce_perf's efficiency column (link limit known).
+        if len(words) not in (13, 14) or not words[0].isdigit() or words[4] != "-1":
             continue
         row = {"size": int(words[0]), "count": int(words[1]), "dtype": words[2],
                "op": words[3]}

@@ -283,7 +283,7 @@ run_sweep() {
       fi
       if [ "$rc" -eq 0 ]; then
         log "allreduce_perf $mode rep $rep: $(($(date +%s) - t0)) s; busbw (GB/s)" \
-          "$(awk 'NF == 13 && $1 ~ /^[0-9]+$/ {
+          "$(awk '(NF == 13 || NF == 14) && $1 ~ /^[0-9]+$/ {
                     printf "%s%dM %.3f", sep, $1 / 1048576, $1 / ($6 + $10) * 2 / 1e3; sep = ", "
                   }' "$file")"
       else

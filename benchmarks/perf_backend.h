@@ -10,6 +10,7 @@
 
 #include "benchmarks/perf_options.h"
 #include "core/base/types.h"
+#include "core/tracing/link_limit.h"
 
 namespace railshard::bench {
 
@@ -29,6 +30,15 @@ class PerfBackend {
   virtual std::string describe() const = 0;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Host of each rank, by rank; empty when the backend does not know them.
+  virtual std::vector<std::string> hosts() const { return {}; }
+  // The best busbw the links could carry (efficiency's denominator); gbps 0 and a description
+  // saying why when unknown. Only railshard knows its cluster topology.
+  virtual tracing::LinkLimit linkLimit() const {
+    tracing::LinkLimit unknown;
+    unknown.description = "the " + std::string(name()) + " backend knows no cluster topology";
+    return unknown;
+  }
 
   // Throws InvalidArgument "<what> is not supported by the <name> backend" when this backend
   // cannot run dtype/op; called once before the sweep, so the error comes before any output.

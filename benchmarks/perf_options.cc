@@ -1,5 +1,6 @@
 #include "benchmarks/perf_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -42,6 +43,19 @@ int parseInt(const std::string& option, const std::string& value, int min, int m
 
 }  // namespace
 
+std::vector<size_t> sweepSizes(const PerfOptions& options) {
+  std::vector<size_t> sizes;
+  for (size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
+    sizes.push_back(bytes);
+    const size_t next = options.step_factor > 0
+                            ? static_cast<size_t>(static_cast<double>(bytes) * options.step_factor)
+                            : bytes + options.step_bytes;
+    if (next <= bytes) break;  // -b 0 with -f, or an overflow: the sweep ends here
+    bytes = next;
+  }
+  return sizes;
+}
+
 std::string perfUsage() {
   return "usage: allreduce_perf [options]\n"
          "  -b, --minbytes SIZE    smallest message (default 32M; suffixes K, M, G)\n"
@@ -59,6 +73,13 @@ std::string perfUsage() {
          "                         the all-reduce; same sizes, data, checks and columns\n"
          "  --gloo-algo A          gloo only: ring (gloo::allreduce), hd (halving-doubling)\n"
          "                         or auto (hd below 4 MiB, ring from there; default)\n"
+         "  -J, --json FILE        rank 0 also writes the configuration, link limit and\n"
+         "                         every row to FILE as JSON\n"
+         "  --link-gbps X          link limit in Gbit/s for the efficiency column (default:\n"
+         "                         the slowest ring hop of the cluster topology, railshard\n"
+         "                         backend only; no column when unknown)\n"
+         "  --progress, --no-progress\n"
+         "                         progress line on stderr (default: when it is a terminal)\n"
          "  -h, --help\n"
          "Run under railshard-launch, mpirun, srun or torchrun; rank 0 prints the table.\n"
          "--backend mpi runs under mpirun only; --backend gloo under any of them.\n";
@@ -71,6 +92,11 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       options.help = true;
+      continue;
+    }
+    if (arg == "--progress" || arg == "--no-progress") {
+      options.progress =
+          arg == "--progress" ? PerfOptions::Progress::kOn : PerfOptions::Progress::kOff;
       continue;
     }
     const auto option = readOption(argc, argv, i);
@@ -114,6 +140,16 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
         throw InvalidArgument(key + ": expected ring, hd or auto, got '" + value + "'");
       }
       options.gloo_algo = value;
+    } else if (key == "-J" || key == "--json") {
+      if (value.empty()) throw InvalidArgument(key + ": expected a file name, got ''");
+      options.json_path = value;
+    } else if (key == "--link-gbps") {
+      char* end = nullptr;
+      options.link_gbps = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(options.link_gbps > 0) ||
+          !std::isfinite(options.link_gbps)) {
+        throw InvalidArgument(key + ": expected a speed in Gbit/s > 0, got '" + value + "'");
+      }
     } else {
       throw InvalidArgument("unknown option '" + arg + "'\n" + perfUsage());
     }

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/base/types.h"
 
@@ -21,6 +22,12 @@ struct PerfOptions {
   int average = 1;                      // -a: 0 rank 0's time, 1 mean, 2 min, 3 max over ranks
   std::string backend = "railshard";    // --backend: railshard, mpi or gloo
   std::string gloo_algo = "auto";       // --gloo-algo: ring, hd or auto
+  std::string json_path;                // -J: rank 0 writes the results there as JSON
+  double link_gbps = 0;                 // --link-gbps: efficiency's limit; 0 = the topology's
+  // --progress / --no-progress: the sweep's progress line on stderr; by default only when
+  // stderr is a terminal, so logs and tests stay clean.
+  enum class Progress { kAuto, kOn, kOff };
+  Progress progress = Progress::kAuto;
   bool help = false;
 };
 
@@ -29,5 +36,8 @@ PerfOptions parsePerfOptions(int argc, char** argv);
 std::string perfUsage();
 // "32M", "1G", "8" -> bytes (nccl-tests accepts K/M/G suffixes).
 size_t parseSize(const std::string& option, const std::string& value);
+// The message sizes of the sweep -b..-e by -f or -i, in order (a size is bytes before
+// rounding down to whole elements).
+std::vector<size_t> sweepSizes(const PerfOptions& options);
 
 }  // namespace railshard::bench

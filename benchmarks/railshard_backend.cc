@@ -2,9 +2,12 @@
 // launched the process (railshard-launch, mpirun, Slurm, torchrun).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "benchmarks/perf_backend.h"
+#include "core/base/error.h"
 #include "core/communicator.h"
+#include "core/topology/topology.h"
 #include "launcher/init.h"
 
 namespace railshard::bench {
@@ -24,6 +27,38 @@ class RailshardBackend : public PerfBackend {
   }
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
+
+  std::vector<std::string> hosts() const override {
+    const topology::Topology* topology = comm_->topology();
+    if (topology == nullptr) return {};
+    std::vector<std::string> hosts;
+    for (const int world_rank : comm_->worldRanks()) {
+      if (world_rank >= topology->worldSize()) return {};
+      hosts.push_back(topology->rank(world_rank).host);
+    }
+    return hosts;
+  }
+
+  // The ring's slowest hop in the topology the communicator was built with: the ring
+  // all-reduce moves busbw over every hop, so no algorithm here can beat it for long.
+  tracing::LinkLimit linkLimit() const override {
+    tracing::LinkLimit unknown;
+    const topology::Topology* topology = comm_->topology();
+    if (topology == nullptr) {
+      unknown.description = "the communicator has no cluster topology";
+      return unknown;
+    }
+    if (comm_->size() < 2) {
+      unknown.description = "one rank: no link is used";
+      return unknown;
+    }
+    try {
+      return tracing::ringLimit(*topology, comm_->worldRanks());
+    } catch (const Error& e) {
+      unknown.description = e.what();
+      return unknown;
+    }
+  }
 
   // Every dtype and op of core/base/types.h is native.
   void checkSupported(DataType, ReduceOp) const override {}

@@ -10,6 +10,7 @@
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "core/base/trace.h"
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"
@@ -107,6 +108,8 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   auto explain = [self](const transport::MessageTag& tag) { return self->diagnoseMissing(tag); };
   communicator->transport_->setTimeoutExplainer(explain);
   if (communicator->shm_) communicator->shm_->setTimeoutExplainer(explain);
+  communicator->setUpTracing(store, options);
+  communicator->setUpMetrics();
   if (options.store && options.size > 1) {
     communicator->publisher_ = std::make_unique<ProgressPublisher>(
         options.store, options.key_prefix + "/entered/" + std::to_string(options.rank),
@@ -208,6 +211,9 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
 
 // The publisher's thread stops before the transport and store it uses go away.
 Communicator::~Communicator() {
+  // Its last description stays with the trace, for the file written at exit.
+  if (trace_provider_ != 0) trace::removeMetadataProvider(trace_provider_);
+  tearDownMetrics();  // its collector reads the transport
   publisher_.reset();
   transport_->setFailureListener(nullptr);  // the engine it wakes goes first
 }
@@ -381,9 +387,30 @@ std::string Communicator::explainTimeout(const transport::MessageTag& tag, doubl
 }
 
 template <typename Fn>
-void Communicator::run(const transport::MessageTag& tag, Duration timeout, Fn&& fn) {
+void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_t bytes,
+                       const char* algorithm, Fn&& fn) {
   if (publisher_) publisher_->entered(tag.sequence, collectiveName(tag));
   if (shm_) shm_->setTimeout(timeout);
+  const trace::ScopedRank trace_rank(worldRank());
+  trace::Span span(trace::Category::kCollective, collectiveName(tag));
+  if (span.active()) {
+    trace::Event& e = span.event();
+    e.seq = tag.sequence;
+    e.generation = generation_;
+    e.bytes = bytes;
+    e.size = size_;
+    e.detail = algorithm;
+    e.dtype = tag.dtype;
+    e.op = tag.collective == static_cast<uint8_t>(CollectiveKind::kAllreduce) ||
+                   tag.collective == static_cast<uint8_t>(CollectiveKind::kReduceScatter)
+               ? tag.op
+               : 0xff;
+    if (tag.collective == static_cast<uint8_t>(CollectiveKind::kBroadcast)) {
+      e.root = static_cast<int32_t>(tag.root);
+    }
+    if (tag.collective == static_cast<uint8_t>(CollectiveKind::kBarrier)) e.dtype = 0xff;
+    e.failed = true;  // until it returns
+  }
   const Clock::time_point start = Clock::now();
   collective_start_ = start;
   auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -396,10 +423,17 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, Fn&& 
     fn(collectives::Context{*transport_, rank_, size_, config_.chunk_bytes, timeout, tag,
                             *workspace_});
   } catch (const PeerLostError& e) {
+    if (metrics_) countError(e);
     throw PeerLostError(explainLoss(tag, waited(), e.what()));
   } catch (const TimeoutError& e) {
+    if (metrics_) countError(e);
     throw TimeoutError(explainTimeout(tag, waited(), e.what()));
+  } catch (const std::exception& e) {
+    if (metrics_) countError(e);
+    throw;
   }
+  span.event().failed = false;
+  if (metrics_) countCollective(collectiveName(tag), algorithm, bytes, waited());
 }
 
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
@@ -437,7 +471,7 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
     }
   }
   last_algorithm_ = collectives::name(tuned_algorithm_);
-  run(tag, deadline, [&](const collectives::Context& context) {
+  run(tag, deadline, input.bytes, last_algorithm_.data(), [&](const collectives::Context& context) {
     switch (tuned_algorithm_) {
       case collectives::Algorithm::kShmDirect:
         return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
@@ -459,7 +493,8 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
   const Duration deadline = timeoutFor("reduce_scatter", timeout);
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
-  run(tag, deadline, [&](const collectives::Context& context) {
+  const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
+  run(tag, deadline, bytes, shm_ ? "shm" : "ring", [&](const collectives::Context& context) {
     if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
     collectives::ringReduceScatter(context, send, recv, recv_count, dtype, op);
   });
@@ -474,7 +509,8 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   const Duration deadline = timeoutFor("allgather", timeout);
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
-  run(tag, deadline, [&](const collectives::Context& context) {
+  const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
+  run(tag, deadline, bytes, shm_ ? "shm" : "ring", [&](const collectives::Context& context) {
     if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
     collectives::ringAllgather(context, send, recv, send_count, dtype);
   });
@@ -493,10 +529,11 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   const Duration deadline = timeoutFor("broadcast", timeout);
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
-  run(tag, deadline, [&](const collectives::Context& context) {
-    if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
-    collectives::chainBroadcast(context, send, recv, count, dtype, root);
-  });
+  run(tag, deadline, count * sizeOf(dtype), shm_ ? "shm" : "chain",
+      [&](const collectives::Context& context) {
+        if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
+        collectives::chainBroadcast(context, send, recv, count, dtype, root);
+      });
 }
 
 void Communicator::barrier(Timeout timeout) {
@@ -504,7 +541,7 @@ void Communicator::barrier(Timeout timeout) {
   const Duration deadline = timeoutFor("barrier", timeout);
   const auto tag =
       makeTag(CollectiveKind::kBarrier, sequence_++, DataType::kUInt8, ReduceOp::kSum, 0, 0);
-  run(tag, deadline, [&](const collectives::Context& context) {
+  run(tag, deadline, 0, shm_ ? "shm" : "dissemination", [&](const collectives::Context& context) {
     if (shm_) return shm_->barrier(tag);
     collectives::disseminationBarrier(context);
   });

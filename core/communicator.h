@@ -21,7 +21,7 @@ namespace railshard {
 namespace transport {
 class Transport;
 struct LostPeer;
-}
+}  // namespace transport
 namespace topology {
 class Topology;
 }
@@ -140,14 +140,27 @@ class Communicator {
                    DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;
   void setUpSharedMemory(Store& store, const std::string& key_prefix);
+  // RAILSHARD_TRACE: aligns this rank's clock with rank 0's through the store (first
+  // generation only) and registers what its trace file says about it (core/communicator_trace.cc).
+  void setUpTracing(Store& store, const Options& options);
+  // The "railshard" metadata members of this rank's trace file: rails, link limit, topology.
+  std::string traceMetadata() const;
+  // RAILSHARD_METRICS (core/communicator_metrics.cc): starts the process's exporter once and
+  // registers this communicator's rail gauges; counts collectives and errors.
+  void setUpMetrics();
+  void tearDownMetrics();
+  void countCollective(const char* collective, const char* algorithm, size_t bytes, double seconds);
+  void countError(const std::exception& error);
   // InvalidArgument when the communicator was shrunk or aborted.
   void checkUsable(const char* collective) const;
   Duration timeoutFor(const char* collective, Timeout timeout) const;
   // Runs one collective: publishes that this rank entered it, and turns a PeerLostError or
   // TimeoutError into one that names the collective, the lost or missing ranks and the time
   // waited.
+  // `bytes` and `algorithm` describe the call in its trace event.
   template <typename Fn>
-  void run(const transport::MessageTag& tag, Duration timeout, Fn&& fn);
+  void run(const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
+           Fn&& fn);
   std::string explainLoss(const transport::MessageTag& tag, double waited,
                           const std::string& error);
   std::string explainTimeout(const transport::MessageTag& tag, double waited,
@@ -186,7 +199,10 @@ class Communicator {
   std::unique_ptr<ProgressPublisher> publisher_;
   bool shrunk_ = false;
   Clock::time_point collective_start_{};
-  std::string aborted_;  // the reason abort() was given
+  std::string aborted_;     // the reason abort() was given
+  int trace_provider_ = 0;  // trace metadata provider id, 0 = none
+  bool metrics_ = false;    // RAILSHARD_METRICS set: count collectives
+  int metrics_collector_ = 0;
 };
 
 }  // namespace railshard

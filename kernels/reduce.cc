@@ -9,6 +9,7 @@
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "core/base/trace.h"
 #include "kernels/kernel_table.h"
 
 namespace railshard::kernels {
@@ -114,6 +115,13 @@ void reduce(void* dst, const void* a, const void* b, size_t count, DataType dtyp
       throw InvalidArgument("reduce: invalid op " + std::to_string(static_cast<int>(op)));
   }
   if (count == 0) return;
+  // Collectives set the thread's trace rank; a reduction outside one is not recorded.
+  trace::Span span(trace::Category::kReduce, "reduce");
+  if (span.active()) {
+    span.event().bytes = count * sizeOf(dtype);
+    span.event().dtype = static_cast<uint8_t>(dtype);
+    span.event().op = static_cast<uint8_t>(op);
+  }
   active().reduce[static_cast<int>(dtype)][column](dst, a, b, count);
 }
 

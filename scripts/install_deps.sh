@@ -16,6 +16,7 @@ packages=(
   # python/ (the torch.distributed backend) and its pytest suites under Debian's torch 1.13;
   # python3-venv: scripts/torch_venv.sh makes the torch 2.x venv
   python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest python3-venv
+  chromium  # railshard-report --html is rendered headless in a test (ReportRender)
 )
 
 missing=()

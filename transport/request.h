@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/base/trace.h"
 #include "transport/message_tag.h"
 
 namespace railshard::transport {
@@ -14,13 +15,19 @@ class Request {
  public:
   enum class Kind : uint8_t { kSend, kRecv };
   Request(Kind kind, int peer, size_t bytes, const MessageTag& tag)
-      : kind_(kind), peer_(peer), bytes_(bytes), tag_(tag) {}
+      : kind_(kind),
+        peer_(peer),
+        bytes_(bytes),
+        tag_(tag),
+        posted_ns_(trace::enabled() ? trace::now() : 0) {}
   virtual ~Request() = default;
 
   Kind kind() const { return kind_; }
   int peer() const { return peer_; }
   size_t bytes() const { return bytes_; }
   const MessageTag& tag() const { return tag_; }
+  // When it was posted (steady clock, ns), for its trace event; 0 when tracing was off.
+  int64_t postedNs() const { return posted_ns_; }
   bool done() const { return done_.load(std::memory_order_acquire); }
   // seq_cst, not release: the completer then reads the waiter count, and a release store may
   // be reordered after that load (x86 store buffer), losing the wake-up.
@@ -31,6 +38,7 @@ class Request {
   int peer_;
   size_t bytes_;
   MessageTag tag_;
+  int64_t posted_ns_;
   std::atomic<bool> done_{false};
 };
 

@@ -93,6 +93,10 @@ class Transport {
     (void)listener;
   }
 
+  // Trace events of this transport (rail transfers, sends and receives) belong to this world
+  // rank's process in the trace (docs/tracing.md).
+  virtual void setTraceRank(int world_rank) { (void)world_rank; }
+
   // The peers found or reported lost so far, first one first.
   virtual std::vector<LostPeer> lostPeers() const { return {}; }
 };

@@ -232,6 +232,30 @@ const std::vector<Config::Variable>& Config::variables() {
          c.dispatch_log_every =
              static_cast<int>(parseInteger("RAILSHARD_DISPATCH_LOG_EVERY", v, 0, 1000000000));
        }},
+      {"RAILSHARD_TRACE", "(off)",
+       "Directory for per-rank Chrome-trace JSON files of every collective, phase, wait, "
+       "reduction, rail transfer and dispatcher plan (docs/tracing.md); written at exit.",
+       [](Config& c, const std::string& v) { c.trace_dir = v; }},
+      {"RAILSHARD_TRACE_EVENTS", "262144",
+       "Trace events kept per process (about 100 bytes each); when full the oldest are dropped "
+       "and counted.",
+       [](Config& c, const std::string& v) {
+         c.trace_events =
+             static_cast<size_t>(parseInteger("RAILSHARD_TRACE_EVENTS", v, 1, 1000000000));
+       }},
+      {"RAILSHARD_METRICS", "(off)",
+       "File each rank keeps its metrics in, in the Prometheus text format (rewritten "
+       "atomically every RAILSHARD_METRICS_INTERVAL and at exit); {rank} is replaced by the "
+       "rank.",
+       [](Config& c, const std::string& v) { c.metrics_path = v; }},
+      {"RAILSHARD_METRICS_INTERVAL", "5",
+       "Seconds between two writes of the RAILSHARD_METRICS file (> 0).",
+       [](Config& c, const std::string& v) {
+         c.metrics_interval = toMillis(parseSeconds("RAILSHARD_METRICS_INTERVAL", v));
+         if (c.metrics_interval.count() < 1) {
+           throw ConfigError("RAILSHARD_METRICS_INTERVAL='" + v + "' must be at least 0.001 s");
+         }
+       }},
       {"RAILSHARD_RANK", "(set by the launcher)",
        "This process's rank, 0 <= rank < RAILSHARD_WORLD_SIZE.", ignore},
       {"RAILSHARD_WORLD_SIZE", "(set by the launcher)", "Number of ranks in the job.", ignore},

@@ -36,6 +36,12 @@ struct Config {
   std::chrono::milliseconds rail_timeout{2000};  // RAILSHARD_RAIL_TIMEOUT: stalled rail
   std::string dispatch_policy = "proportional";  // RAILSHARD_DISPATCH_POLICY
   int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps
+  std::string trace_dir;         // RAILSHARD_TRACE: per-rank trace files go here; "" = off
+  size_t trace_events = 262144;  // RAILSHARD_TRACE_EVENTS: events kept per process
+  // RAILSHARD_METRICS: Prometheus text file kept fresh (core/base/metrics.h); "{rank}" in it is
+  // the caller's to replace. "" = off.
+  std::string metrics_path;
+  std::chrono::milliseconds metrics_interval{5000};  // RAILSHARD_METRICS_INTERVAL
 
   // Reads every variable of variables() from `env` (the process environment when null).
   // A malformed value is a ConfigError naming the variable and the value.

@@ -8,6 +8,7 @@ namespace railshard::collectives {
 
 void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
                     int root) {
+  const trace::Span phase(trace::Category::kPhase, "chain", ctx.tag.sequence);
   const size_t bytes = count * sizeOf(dtype);
   auto* out = static_cast<uint8_t*>(recv);
   if (ctx.rank == root && send != recv && bytes > 0) std::memcpy(out, send, bytes);

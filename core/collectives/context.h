@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/base/clock.h"
+#include "core/base/trace.h"
 #include "core/base/types.h"
 #include "transport/message_tag.h"
 #include "transport/transport.h"
@@ -42,6 +43,14 @@ struct Context {
     return t;
   }
   void wait(const transport::RequestPtr& request) const {
+    trace::Span span(trace::Category::kWait, request->kind() == transport::Request::Kind::kSend
+                                                 ? "wait_send"
+                                                 : "wait_recv");
+    if (span.active()) {
+      span.event().peer = request->peer();
+      span.event().bytes = request->bytes();
+      span.event().seq = tag.sequence;
+    }
     transport.wait(request, deadlineAfter(timeout));
   }
 };

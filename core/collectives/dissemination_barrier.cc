@@ -3,6 +3,7 @@
 namespace railshard::collectives {
 
 void disseminationBarrier(const Context& ctx) {
+  const trace::Span phase(trace::Category::kPhase, "dissemination", ctx.tag.sequence);
   const int n = ctx.size;
   uint32_t round = 0;
   // After round k every rank has (transitively) heard from the 2^(k+1) ranks before it, so

@@ -12,6 +12,7 @@ namespace railshard::collectives {
 // before and get the result back after.
 void recursiveDoublingAllreduce(const Context& ctx, const void* send, void* recv, size_t count,
                                 DataType dtype, ReduceOp op) {
+  const trace::Span phase(trace::Category::kPhase, "recursive_doubling", ctx.tag.sequence);
   const size_t bytes = count * sizeOf(dtype);
   auto* out = static_cast<uint8_t*>(recv);
   if (send != recv && bytes > 0) std::memcpy(out, send, bytes);

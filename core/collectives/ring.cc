@@ -77,6 +77,7 @@ size_t RingPipeline::chunkBytes(int segment, size_t chunk) const {
 
 void RingPipeline::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint8_t* final_out,
                                  DataType dtype, ReduceOp op, uint32_t step_base) {
+  const trace::Span phase(trace::Category::kPhase, "reduce_scatter", ctx_.tag.sequence);
   const int n = ctx_.size;
   const size_t k = chunks_;
   const size_t segment_bytes = layout_.maxLength() * element_size_;
@@ -151,6 +152,7 @@ void RingPipeline::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint
 }
 
 void RingPipeline::allGather(uint8_t* data, uint32_t step_base) {
+  const trace::Span phase(trace::Category::kPhase, "all_gather", ctx_.tag.sequence);
   const int n = ctx_.size;
   const size_t k = chunks_;
   auto stepTag = [&](int step, size_t chunk) {

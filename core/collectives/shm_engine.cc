@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/base/logging.h"
+#include "core/base/trace.h"
 #include "core/collective_tag.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
@@ -117,6 +118,8 @@ void ShmEngine::checkPeerAlive(int peer, const char* what) {
 
 void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* what) {
   if (FutexWord::reached(flag.load(), target)) return;
+  trace::Span span(trace::Category::kWait, "wait_peer");
+  if (span.active()) span.event().peer = peer;
   auto& header = segment_->header();
   const Clock::time_point spin_start = Clock::now();
   // Pure polling only briefly: if the rank we wait for shares our core (oversubscribed, or

@@ -7,6 +7,8 @@
 #include "core/base/clock.h"
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "core/base/metrics.h"
+#include "core/base/trace.h"
 #include "core/communicator.h"
 #include "core/dispatch/static_weights.h"
 #include "core/topology/topology.h"
@@ -128,6 +130,29 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   mine_ = RankReport{};
   plan_seconds_ = secondsSince(plan_start);
   ++steps_;
+  if (!comm_->config().metrics_path.empty()) {
+    // What an operator watches to see the load balance (RAILSHARD_METRICS).
+    const auto& estimator = state_.dispatcher().estimator();
+    const std::string me = std::to_string(comm_->worldRank());
+    for (size_t r = 0; r < plan.samples.size(); ++r) {
+      const metrics::Labels labels = {{"rank", me}, {"shard_rank", std::to_string(r)}};
+      metrics::set("railshard_dispatch_shard_size", labels, static_cast<double>(plan.samples[r]));
+      if (static_cast<int>(r) < estimator.ranks()) {
+        metrics::set("railshard_dispatch_samples_per_second", labels,
+                     estimator.rate(static_cast<int>(r)));
+      }
+    }
+    metrics::set("railshard_dispatch_step", {{"rank", me}}, static_cast<double>(plan.step));
+  }
+  if (trace::enabled()) {
+    // Shares and the estimates behind them over time, by launch rank (docs/tracing.md).
+    const auto& estimator = state_.dispatcher().estimator();
+    std::vector<double> shares(plan.samples.begin(), plan.samples.end());
+    std::vector<double> rates;
+    for (int r = 0; r < estimator.ranks(); ++r) rates.push_back(estimator.rate(r));
+    trace::recordCounter(comm_->worldRank(), "shares", std::move(shares));
+    trace::recordCounter(comm_->worldRank(), "throughput", std::move(rates));
+  }
   if (log_every_ > 0 && comm_->rank() == 0 && steps_ % static_cast<uint64_t>(log_every_) == 0) {
     RS_LOG_INFO("dispatch {}", describe(plan, state_.dispatcher().estimator()));
   } else {

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/tracing/trace_merge.h"
 #include "launcher/local_job.h"
 #include "launcher/process_group.h"
 
@@ -57,6 +59,11 @@ constexpr const char* kHelp =
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
+    "  --trace DIR          every rank records a trace of its collectives into DIR\n"
+    "                       (sets RAILSHARD_TRACE; also taken from RAILSHARD_TRACE); when the\n"
+    "                       job ends the ranks' files are merged into\n"
+    "                       DIR/railshard-trace.json (open in ui.perfetto.dev; summarise\n"
+    "                       with railshard-report DIR)\n"
     "  -h, --help           show this help and exit\n"
     "  --version            show the version and exit\n"
     "\n"
@@ -73,6 +80,7 @@ struct UsageError {
 struct Arguments {
   railshard::launcher::LocalJobOptions job;
   std::string dump_topology;
+  std::string trace;  // --trace DIR (or RAILSHARD_TRACE)
   std::optional<int> max_failures;
   bool help = false;
   bool version = false;
@@ -165,6 +173,9 @@ Arguments parseArguments(int argc, char** argv) {
     } else if (name == "--dump-topology") {
       args.dump_topology = value();
       if (args.dump_topology.empty()) throw UsageError{"--dump-topology needs a file name"};
+    } else if (name == "--trace") {
+      args.trace = value();
+      if (args.trace.empty()) throw UsageError{"--trace needs a directory"};
     } else if (name == "--elastic") {
       noValue();
       args.job.elastic = true;
@@ -194,6 +205,24 @@ Arguments parseArguments(int argc, char** argv) {
   }
   args.job.command.assign(argv + i, argv + argc);
   return args;
+}
+
+// Joins the ranks' trace files; a job whose ranks wrote none (no railshard collective ran, or
+// every rank died) gets a note, not a failure.
+void mergeTrace(const std::string& dir) {
+  const std::string out = dir + "/railshard-trace.json";
+  try {
+    const auto result = railshard::tracing::writeMergedTrace(dir, out);
+    for (const auto& warning : result.warnings)
+      std::fprintf(stderr, "railshard-launch: trace: %s\n", warning.c_str());
+    std::fprintf(stderr,
+                 "railshard-launch: trace of %d rank%s (%zu events) in %s; summary: "
+                 "railshard-report %s\n",
+                 result.ranks, result.ranks == 1 ? "" : "s", result.events, out.c_str(),
+                 dir.c_str());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "railshard-launch: trace: not merged: %s\n", error.what());
+  }
 }
 
 void printError(const std::string& line) {
@@ -251,8 +280,24 @@ int main(int argc, char** argv) {
     ::setenv("RAILSHARD_TOPO_DUMP", path.c_str(), 1);
     args.dump_topology = path;
   }
+  if (args.trace.empty()) {
+    if (const char* env = std::getenv("RAILSHARD_TRACE"); env != nullptr) args.trace = env;
+  }
+  if (!args.trace.empty()) {
+    // Absolute (ranks may change directory); last run's rank files go, so that the merge
+    // shows this job only.
+    std::error_code ec;
+    args.trace = std::filesystem::absolute(args.trace, ec).lexically_normal().string();
+    std::filesystem::create_directories(args.trace, ec);
+    for (const auto& entry : std::filesystem::directory_iterator(args.trace, ec)) {
+      const std::string file = entry.path().filename().string();
+      if (file.rfind("railshard-trace-rank", 0) == 0) std::filesystem::remove(entry.path(), ec);
+    }
+    ::setenv("RAILSHARD_TRACE", args.trace.c_str(), 1);
+  }
   try {
     const int status = railshard::launcher::runLocalJob(args.job);
+    if (!args.trace.empty()) mergeTrace(args.trace);
     if (!args.dump_topology.empty() && ::access(args.dump_topology.c_str(), F_OK) != 0) {
       printError("--dump-topology: no rank wrote " + args.dump_topology +
                  " (does the program call railshard::init()?)");

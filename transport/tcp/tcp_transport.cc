@@ -16,6 +16,7 @@
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "core/base/trace.h"
 #include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {
@@ -236,6 +237,7 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
       } else if (staged.complete) {
         if (bytes > 0) std::memcpy(data, staged.staged.data(), bytes);
         peer.incoming.erase(found);
+        if (trace::enabled()) traceTransfer(*op);
         op->markDone();
       } else {
         staged.claimer = op;
@@ -440,7 +442,10 @@ bool TcpTransport::writeQueuedLocked(Peer& peer, Channel& channel) {
   while (!channel.sends.empty() && !channel.lost && channel.fd.valid()) {
     Segment& segment = *channel.sends.front();
     const size_t total = sizeof(FrameHeader) + segment.header.payload_bytes;
-    if (segment.written == 0) segment.stream_begin = channel.stream_written;
+    if (segment.written == 0) {
+      segment.stream_begin = channel.stream_written;
+      if (trace::enabled()) segment.trace_begin_ns = trace::now();
+    }
     iovec iov[2];
     int iov_count = 0;
     if (segment.written < sizeof(FrameHeader)) {
@@ -484,6 +489,7 @@ bool TcpTransport::writeQueuedLocked(Peer& peer, Channel& channel) {
 void TcpTransport::onSegmentWrittenLocked(Peer& peer, Channel& channel,
                                           std::shared_ptr<Segment> segment) {
   if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) return;
+  if (segment->trace_begin_ns != 0) traceRailLocked(peer, channel, *segment);
   std::shared_ptr<SendOp> parent = segment->parent;
   if (parent) --parent->unwritten;
   if (!segment->retained || channel.acked >= segment->streamEnd()) {
@@ -519,7 +525,42 @@ void TcpTransport::releaseLocked(Segment& segment) {
   if (--parent->outstanding == 0) completeRequest(*parent);
 }
 
+void TcpTransport::traceRailLocked(const Peer& peer, Channel& channel, const Segment& segment) {
+  const int rank = trace_rank_.load(std::memory_order_relaxed);
+  if (rank < 0) return;
+  if (channel.trace_track == 0) {
+    channel.trace_track =
+        trace::track(rank, channel.name + " to rank " + std::to_string(peer.rank), channel.name);
+  }
+  trace::Event e;
+  e.category = trace::Category::kRail;
+  e.name = "send";
+  e.rank = rank;
+  e.peer = peer.rank;
+  e.track = channel.trace_track;
+  e.bytes = segment.header.payload_bytes;
+  e.begin_ns = segment.trace_begin_ns;
+  e.end_ns = trace::now();
+  trace::record(e);
+}
+
+void TcpTransport::traceTransfer(const Request& request) {
+  const int rank = trace_rank_.load(std::memory_order_relaxed);
+  if (rank < 0 || request.postedNs() == 0) return;
+  trace::Event e;
+  e.category = trace::Category::kTransfer;
+  e.name = request.kind() == Request::Kind::kSend ? "send" : "recv";
+  e.rank = rank;
+  e.peer = request.peer();
+  e.bytes = request.bytes();
+  e.seq = request.tag().sequence;
+  e.begin_ns = request.postedNs();
+  e.end_ns = trace::now();
+  trace::record(e);
+}
+
 void TcpTransport::completeRequest(Request& request) {
+  if (trace::enabled()) traceTransfer(request);
   request.markDone();
   if (waiters_.load() > 0) {
     { std::lock_guard<std::mutex> lock(state_mutex_); }

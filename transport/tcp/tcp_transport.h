@@ -88,6 +88,7 @@ class TcpTransport : public Transport {
     std::lock_guard<std::mutex> lock(listener_mutex_);
     failure_listener_ = std::move(listener);
   }
+  void setTraceRank(int world_rank) override { trace_rank_.store(world_rank); }
 
   // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
   // socket), so that the failover path runs without root.
@@ -130,6 +131,9 @@ class TcpTransport : public Transport {
   void releaseLocked(Segment& segment);
   void releaseByCopyLocked(Peer& peer, const SendOp& op);
   void completeRequest(Request& request);
+  // Trace events (docs/tracing.md): one piece written to one rail; one send or receive.
+  void traceRailLocked(const Peer& peer, Channel& channel, const Segment& segment);
+  void traceTransfer(const Request& request);
   // tcp_transport_read.cc
   void handleReadable(Peer& peer, Channel& channel);
   void onHeader(Peer& peer, Channel& channel);
@@ -199,6 +203,7 @@ class TcpTransport : public Transport {
   Clock::time_point last_loop_{};  // progress thread only: its previous turn
 
   std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<int> trace_rank_{-1};  // world rank of this transport's trace events
   std::atomic<uint64_t> bytes_received_{0};
 };
 

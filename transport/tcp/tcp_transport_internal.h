@@ -79,6 +79,7 @@ struct TcpTransport::Segment {
   size_t written = 0;              // of header + payload
   uint64_t stream_begin = 0;       // connection stream offset of the header (once started)
   bool retained = false;           // multi-rail data: kept until the peer acknowledges it
+  int64_t trace_begin_ns = 0;      // first byte handed to the socket (tracing on)
   uint64_t streamEnd() const { return stream_begin + sizeof(FrameHeader) + header.payload_bytes; }
   void own() {
     owned.assign(reinterpret_cast<const char*>(data), header.payload_bytes);
@@ -137,6 +138,7 @@ struct TcpTransport::Channel {
   bool report_received = false;  // the peer told us; our undelivered data was re-sent
   Clock::time_point last_rejoin_attempt{};
   std::string down_reason;
+  int32_t trace_track = 0;  // this connection's track in the trace, once it carried data
 
   // Reader state: touched by the progress thread only.
   FrameHeader header;
@@ -164,6 +166,7 @@ struct TcpTransport::Channel {
     fresh.listener = std::move(listener);
     fresh.payload_sent = payload_sent;
     fresh.last_rejoin_attempt = last_rejoin_attempt;
+    fresh.trace_track = trace_track;
     fresh.fd = std::move(new_fd);
     fresh.generation = new_generation;
     fresh.last_heard = Clock::now();

@@ -1,0 +1,72 @@
+// Tracing set-up of the Communicator (docs/tracing.md): clock alignment at start-up and what
+// each rank's trace file says about its rails, link limit and cluster graph.
+#include <nlohmann/json.hpp>
+
+#include "core/base/logging.h"
+#include "core/base/trace.h"
+#include "core/communicator.h"
+#include "core/topology/topology.h"
+#include "core/tracing/clock_sync.h"
+#include "core/tracing/link_limit.h"
+#include "transport/transport.h"
+
+namespace railshard {
+
+void Communicator::setUpTracing(Store& store, const Options& options) {
+  if (!config_.trace_dir.empty()) trace::enable(config_.trace_dir, config_.trace_events);
+  if (!trace::enabled()) return;
+  trace::RankInfo info;
+  info.world_size = static_cast<int>(world_ranks_.size());
+  if (topology_ != nullptr && topology_->worldSize() == size_)
+    info.host = topology_->rank(rank_).host;
+  if (options.generation == 0 && size_ > 1) {
+    // Every rank of the first generation takes part, so the store rounds match up; a shrunk
+    // communicator keeps the alignment its ranks already have.
+    const auto aligned =
+        tracing::alignClocks(store, key_prefix_, rank_, size_,
+                             std::chrono::duration_cast<Duration>(config_.connect_timeout));
+    info.offset_ns = aligned.offset_ns;
+    info.uncertainty_ns = aligned.uncertainty_ns;
+    info.epoch_ns = aligned.epoch_ns;
+    info.aligned = "store";
+    RS_LOG_DEBUG("rank {}: trace clock offset {} ns (+-{} ns)", rank_, aligned.offset_ns,
+                 aligned.uncertainty_ns);
+    trace::setRankInfo(worldRank(), info);
+  } else if (size_ == 1) {
+    info.epoch_ns = trace::now();
+    trace::setRankInfo(worldRank(), info);
+  }
+  transport_->setTraceRank(worldRank());
+  trace_provider_ = trace::addMetadataProvider(worldRank(), [this] { return traceMetadata(); });
+}
+
+std::string Communicator::traceMetadata() const {
+  nlohmann::json rails = nlohmann::json::array();
+  for (const auto& rail : transport_->rails()) {
+    rails.push_back({{"peer", rail.peer},
+                     {"name", rail.name},
+                     {"local", rail.local},
+                     {"remote", rail.remote},
+                     {"up", rail.up},
+                     {"gbps", rail.gbps},
+                     {"bytes_sent", rail.bytes_sent}});
+  }
+  std::string out = "\"rails\":" + rails.dump() + ",\"generation\":" + std::to_string(generation_) +
+                    ",\"algorithm\":\"" + std::string(last_algorithm_) + "\"";
+  if (topology_ != nullptr && size_ > 1) {
+    try {
+      const auto limit = tracing::ringLimit(*topology_, world_ranks_);
+      out += ",\n\"link_limit\":" + nlohmann::json{{"gbps", limit.gbps},
+                                                   {"from", limit.from},
+                                                   {"to", limit.to},
+                                                   {"description", limit.description}}
+                                        .dump();
+    } catch (const Error& e) {
+      out += ",\n\"link_limit\":" + nlohmann::json{{"gbps", 0}, {"description", e.what()}}.dump();
+    }
+  }
+  out += ",\n\"topology\":" + (topology_ != nullptr ? topology_->toJson() : std::string("null"));
+  return out;
+}
+
+}  // namespace railshard

@@ -1,0 +1,13 @@
+#pragma once
+
+#include <string>
+
+#include "core/tracing/report_analysis.h"
+
+namespace railshard::tracing {
+
+// The analysis as JSON (railshard-report --json): every table of the text report unabridged
+// (all collectives, all dispatcher rows kept by the subsampling), unknown values as null.
+std::string renderJson(const Report& report);
+
+}  // namespace railshard::tracing
