@@ -1,4 +1,4 @@
-// RAILSHARD_METRICS (docs/profiling.md "Metrics"): what a Communicator counts for an operator
+// RAILSHARD_METRICS (docs/tracing.md "Metrics"): what a Communicator counts for an operator
 // to scrape — collectives, bytes and time per collective, errors by kind, and each rail's
 // traffic, estimate and weight, read from the transport at every scrape.
 #include <map>
