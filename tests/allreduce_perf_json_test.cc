@@ -50,27 +50,6 @@ json readJson(const std::string& path) {
   return json::parse(in);  // throws (fails the test) on a document that does not parse
 }
 
-// Data rows of the text table (launcher prefix removed), split into words.
-std::vector<std::vector<std::string>> tableRows(const std::string& out) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind("[", 0) == 0 && line.find("] ") != std::string::npos) {
-      line = line.substr(line.find("] ") + 2);
-    }
-    std::istringstream words(line);
-    std::vector<std::string> row;
-    std::string word;
-    while (words >> word) row.push_back(word);
-    if (row.size() >= 13 && row[0].find_first_not_of("0123456789") == std::string::npos &&
-        row[4] == "-1") {
-      rows.push_back(row);
-    }
-  }
-  return rows;
-}
-
 // Every row: nccl-tests' algbw = bytes / time and busbw = algbw * 2(n-1)/n (n = 2: x1),
 // both for out-of-place and in-place, and no wrong values.
 void expectRowsConsistent(const json& doc) {
@@ -130,7 +109,7 @@ TEST(AllreducePerfJson, LinkGbpsGivesEfficiencyInJsonAndTable) {
   // matching the JSON (which has full precision; the table rounds to 0.1).
   EXPECT_NE(r.out.find("# link limit: 0.5 Gbit/s (--link-gbps)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("eff"), std::string::npos) << r.out;
-  const auto rows = tableRows(r.out);
+  const auto rows = test::perfTableRows(r.out);
   ASSERT_EQ(rows.size(), kSizes.size()) << r.out;
   for (size_t i = 0; i < rows.size(); ++i) {
     ASSERT_EQ(rows[i].size(), 14u) << r.out;
@@ -192,7 +171,7 @@ TEST(AllreducePerfJson, TopologyRailsGiveTheLimit) {
   }
   EXPECT_NE(r.out.find(" Gbit/s (" + description + "); eff = in-place busbw"), std::string::npos)
       << r.out;
-  EXPECT_EQ(tableRows(r.out).at(0).size(), 14u) << r.out;
+  EXPECT_EQ(test::perfTableRows(r.out).at(0).size(), 14u) << r.out;
   std::remove(topo_path.c_str());
   std::remove(path.c_str());
 }
@@ -213,7 +192,7 @@ TEST(AllreducePerfJson, UnknownLimitMeansNullEfficiencyAndNoColumn) {
   expectRowsConsistent(doc);
   for (const json& row : doc["rows"]) EXPECT_TRUE(row["efficiency"].is_null()) << row.dump();
   EXPECT_NE(r.out.find("# link limit: unknown ("), std::string::npos) << r.out;
-  const auto rows = tableRows(r.out);
+  const auto rows = test::perfTableRows(r.out);
   ASSERT_EQ(rows.size(), kSizes.size()) << r.out;
   for (const auto& row : rows) EXPECT_EQ(row.size(), 13u) << r.out;
   EXPECT_EQ(r.out.find("Avg efficiency"), std::string::npos) << r.out;
@@ -229,7 +208,7 @@ TEST(AllreducePerfJson, UnwritablePathIsAClearErrorBeforeTheSweep) {
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("-J " + path + ": cannot open for writing"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("No such file or directory"), std::string::npos) << r.err;
-  EXPECT_TRUE(tableRows(r.out).empty()) << "the sweep ran anyway\n" << r.out;
+  EXPECT_TRUE(test::perfTableRows(r.out).empty()) << "the sweep ran anyway\n" << r.out;
 }
 
 TEST(AllreducePerfJson, BadLinkGbpsNamesTheValue) {
@@ -263,7 +242,7 @@ TEST(AllreducePerfJson, ProgressLineOnlyWhenAskedOrOnATerminal) {
   EXPECT_NE(r.err.find("\r[1/3] 8 B"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\r[3/3] 32 KiB in-place"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find('\r'), std::string::npos) << "progress belongs on stderr\n" << r.out;
-  EXPECT_EQ(tableRows(r.out).size(), kSizes.size()) << r.out;
+  EXPECT_EQ(test::perfTableRows(r.out).size(), kSizes.size()) << r.out;
 
   forced.back() = "--no-progress";
   r = test::runProcess(forced, {}, std::chrono::seconds(60));

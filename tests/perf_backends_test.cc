@@ -41,35 +41,13 @@ bool isBuilt(const std::string& backend) {
                    << " in this build (library not found by CMake)";                   \
   } while (0)
 
-// The data rows of the table (launcher prefix "[r] " removed), split into words. A row is
-// size, count, type, redop, root, then time/algbw/busbw/#wrong out-of-place and in-place.
-std::vector<std::vector<std::string>> tableRows(const std::string& out) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind("[", 0) == 0 && line.find("] ") != std::string::npos) {
-      line = line.substr(line.find("] ") + 2);
-    }
-    std::istringstream words(line);
-    std::vector<std::string> row;
-    std::string word;
-    while (words >> word) row.push_back(word);
-    if (row.size() == 13 && row[0].find_first_not_of("0123456789") == std::string::npos &&
-        row[4] == "-1") {
-      rows.push_back(row);
-    }
-  }
-  return rows;
-}
-
 // Runs a sweep of 8 B, 512 B and 32 KiB and checks every row and the footer.
 void expectCleanSweep(const std::vector<std::string>& argv, const std::string& dtype = "float",
                       const std::string& op = "sum") {
   auto r = test::runProcess(argv, {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(120));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto rows = tableRows(r.out);
+  const auto rows = test::perfTableRows(r.out, 13);
   EXPECT_EQ(rows.size(), 3u) << r.out;
   for (const auto& row : rows) {
     EXPECT_EQ(row[2], dtype) << r.out;

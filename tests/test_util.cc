@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -126,6 +127,26 @@ int freePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+std::vector<std::vector<std::string>> perfTableRows(const std::string& out, size_t columns) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("[", 0) == 0 && line.find("] ") != std::string::npos) {
+      line = line.substr(line.find("] ") + 2);
+    }
+    std::istringstream words(line);
+    std::vector<std::string> row;
+    std::string word;
+    while (words >> word) row.push_back(word);
+    const bool width_ok = columns > 0 ? row.size() == columns : row.size() >= 13;
+    if (width_ok && row[0].find_first_not_of("0123456789") == std::string::npos && row[4] == "-1") {
+      rows.push_back(row);
+    }
+  }
+  return rows;
 }
 
 }  // namespace railshard::test

@@ -36,4 +36,10 @@ int freePort();
 // binary as parallel processes, which would otherwise overwrite each other's files.
 std::string tempPath(const std::string& name);
 
+// The data rows of allreduce_perf's table (a launcher's "[r] " prefix removed), split into
+// words: size, count, type, redop, root, time/algbw/busbw/#wrong out-of-place and in-place,
+// and the efficiency column when the link limit is known. `columns` > 0: only rows of
+// exactly that many words.
+std::vector<std::vector<std::string>> perfTableRows(const std::string& out, size_t columns = 0);
+
 }  // namespace railshard::test
