@@ -262,11 +262,12 @@ TEST_F(TraceTest, RailTracksCarryEveryByteSentAndTheLinkLimitComesFromTheGraph) 
       }
       last_end[tid] = begin + e["dur"].get<double>();
     }
-    EXPECT_EQ(by_rail.size(), 2u);
+    // (How the scheduler split them is its business: a rank may even have sent everything on
+    // one rail when the other's estimate lagged; multirail_test covers the split.)
     for (const auto& rail : meta["rails"]) {
       EXPECT_EQ(by_rail[rail["name"]], rail["bytes_sent"].get<uint64_t>()) << rail["name"];
-      EXPECT_GT(rail["bytes_sent"].get<uint64_t>(), 0u) << rail["name"];
     }
+    EXPECT_LE(by_rail.size(), 2u);
     // Ring all-reduce of two ranks: each sends half the buffer twice (reduce-scatter and
     // all-gather), three times.
     EXPECT_EQ(total, 3u * 2u * (kCount * 4 / 2));

@@ -134,6 +134,13 @@ int main(int argc, char** argv) {
                                      .count();
         std::fprintf(stderr, "launch rank %d is rank %d of %d in generation %d (shrink %.1f ms)\n",
                      comm->worldRank(), comm->rank(), comm->size(), comm->generation(), shrink_ms);
+        // The survivors need not have failed in the same iteration: a rank whose partners
+        // had all sent finishes the collective another rank was still in when the loss was
+        // reported to it. Resume together from the earliest one (redoing is harmless here).
+        int64_t resume = it;
+        comm->allreduce(&resume, 1, railshard::DataType::kInt64, railshard::ReduceOp::kMin,
+                        timeout);
+        it = static_cast<int>(resume);
         continue;  // this iteration again, on the survivors
       }
       const int64_t factor = static_cast<int64_t>(size) * (size + 1) / 2;
