@@ -354,6 +354,14 @@ TEST_F(Metrics, ExitWritesTheFinalSnapshotAndForkedChildrenExitCleanly) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_NE(readFile(file).find("rs_test_at_exit_total 3\n"), std::string::npos) << readFile(file);
 
+#if defined(__SANITIZE_ADDRESS__)
+  // A child forked while another thread of the parent allocates can deadlock inside GCC 12's
+  // sanitizer allocator at exit (its locks are not reset in the child, unlike glibc malloc's):
+  // seen in CI as a hang in static destructors, not in railshard. The uninstrumented suite
+  // runs this part.
+  fs::remove_all(dir);
+  GTEST_SKIP() << "fork of a multithreaded process under AddressSanitizer";
+#endif
   const fs::path parent_file = dir / "parent.prom";
   metrics::startFileExporter(parent_file.string(), std::chrono::milliseconds(20));
   child = ::fork();

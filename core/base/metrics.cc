@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "core/base/error.h"
@@ -351,8 +352,11 @@ void stopFileExporter() {
   if (!e.thread.joinable()) return;
   if (e.owner != ::getpid()) {
     // A forked child exiting: the thread is its parent's and was not copied; joining its
-    // handle would be undefined. Move the handle out of the way without touching it.
-    (void)new std::thread(std::move(e.thread));
+    // handle would be undefined. Move the handle out of the way without touching it, into
+    // static storage that is never destroyed: no allocation (the parent's exporter may have
+    // held the allocator's lock at fork) and nothing for LeakSanitizer to call a leak.
+    alignas(std::thread) static unsigned char orphan[sizeof(std::thread)];
+    ::new (static_cast<void*>(orphan)) std::thread(std::move(e.thread));
     return;
   }
   {
