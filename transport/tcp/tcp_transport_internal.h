@@ -4,7 +4,8 @@
 // progress, writing), tcp_transport_read.cc (reading, reassembly, acks),
 // tcp_transport_connect.cc (mesh set-up), tcp_transport_rails.cc (rail failure, failover,
 // tail stealing), tcp_transport_rejoin.cc (re-admission), tcp_transport_failure.cc (fatal
-// failures, aborts, lost connections). Not part of the interface.
+// failures, aborts, lost connections), tcp_transport_trace.cc (trace events). Not part of the
+// interface.
 #include <chrono>
 #include <deque>
 #include <map>
