@@ -299,6 +299,8 @@ std::string Config::describe() const {
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
       << " rail_weights=" << rail_weights << " sockets_per_rail=" << sockets_per_rail
       << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
+      << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events
+      << " metrics=" << (metrics_path.empty() ? "-" : metrics_path)
       << " token=" << (token.empty() ? "none" : "set");
   return out.str();
 }
