@@ -19,6 +19,7 @@
 #include "core/progress_publisher.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
+#include "transport/ibverbs/ibverbs_factory.h"
 #include "transport/shm/host_identity.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
@@ -50,6 +51,27 @@ std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
     }
   }
   return result;
+}
+
+transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& options) {
+  const Config& config = options.config;
+  transport::ibverbs::FactoryOptions ib;
+  ib.rank = options.rank;
+  ib.size = options.size;
+  ib.key_prefix = options.key_prefix;
+  ib.connect_timeout = config.connect_timeout;
+  ib.spin = std::chrono::duration_cast<Duration>(config.spin);
+  ib.formatter = tagFormatter();
+  ib.mode = config.transport == "ibverbs" ? transport::ibverbs::Mode::kForced
+                                          : transport::ibverbs::Mode::kAuto;
+  ib.hca = config.ib_hca;
+  ib.gid_index = config.ib_gid_index;
+  ib.ib_timeout = config.ib_timeout;
+  ib.ib_retry_cnt = config.ib_retry_cnt;
+  ib.slots = config.ib_slots;
+  ib.slot_bytes = config.ib_slot_bytes;
+  ib.rail_weights = config.rail_weights;
+  return ib;
 }
 
 // How often a rank's position (the collective it is in) reaches the store; a timeout's
@@ -92,7 +114,14 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   tcp.heartbeat_timeout = std::chrono::duration_cast<Duration>(options.config.heartbeat_timeout);
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
-  auto transport = transport::tcp::TcpTransport::create(store, std::move(tcp));
+  std::unique_ptr<transport::Transport> transport =
+      transport::tcp::TcpTransport::create(store, std::move(tcp));
+  if (options.config.transport == "auto" || options.config.transport == "ibverbs") {
+    // RDMA in front of TCP between hosts that have it (every pair when forced); TCP stays
+    // underneath for heartbeats, failure reports and the other pairs.
+    transport =
+        transport::ibverbs::wrapWithIbverbs(store, ibverbsOptions(options), std::move(transport));
+  }
   std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
   communicator->setUpSharedMemory(store, options.key_prefix);
   if (communicator->shm_) {
@@ -119,7 +148,7 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
 }
 
 void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
-  if (size_ == 1 || config_.transport == "tcp") return;
+  if (size_ == 1 || config_.transport == "tcp" || config_.transport == "ibverbs") return;
   const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
   auto key = [&](const std::string& what, int r) {
     return key_prefix + "/shm/" + what + "/" + std::to_string(r);

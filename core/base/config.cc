@@ -133,14 +133,55 @@ const std::vector<Config::Variable>& Config::variables() {
          c.store_external = parseInteger("RAILSHARD_STORE_EXTERNAL", v, 0, 1) == 1;
        }},
       {"RAILSHARD_TRANSPORT", "auto",
-       "Transport between ranks: auto (shared memory when every rank is on this host, else "
-       "TCP), tcp, or shm (an error unless every rank is on one host).",
+       "Transport between ranks: auto (shared memory when every rank is on this host; RDMA "
+       "between hosts that both have an active RDMA port; else TCP), tcp, shm (an error unless "
+       "every rank is on one host), or ibverbs (RDMA between every pair, an error naming what "
+       "is missing otherwise; docs/rdma.md).",
        [](Config& c, const std::string& v) {
-         if (v != "auto" && v != "tcp" && v != "shm") {
+         if (v != "auto" && v != "tcp" && v != "shm" && v != "ibverbs") {
            throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + v +
-                             "' (expected auto, tcp or shm)");
+                             "' (expected auto, tcp, shm or ibverbs)");
          }
          c.transport = v;
+       }},
+      {"RAILSHARD_IB_HCA", "(every device)",
+       "RDMA ports to use as rails, comma-separated device names with an optional port: "
+       "mlx5_0,mlx5_1:1. Lane r to a peer joins this rank's r-th port to the peer's r-th.",
+       [](Config& c, const std::string& v) { c.ib_hca = v; }},
+      {"RAILSHARD_IB_GID_INDEX", "auto",
+       "RoCE GID table index. auto: RoCE v2 with an IPv4 address (else IPv6), lowest index; "
+       "InfiniBand uses index 0.",
+       [](Config& c, const std::string& v) {
+         c.ib_gid_index =
+             v == "auto" ? -1 : static_cast<int>(parseInteger("RAILSHARD_IB_GID_INDEX", v, 0, 255));
+       }},
+      {"RAILSHARD_IB_TIMEOUT", "18",
+       "RDMA ACK timeout exponent: the HCA retransmits after 4.096 us * 2^n (18 = 1.07 s). "
+       "With RAILSHARD_IB_RETRY_CNT it bounds how long a dead peer takes to surface as a "
+       "retry-exceeded error.",
+       [](Config& c, const std::string& v) {
+         c.ib_timeout = static_cast<int>(parseInteger("RAILSHARD_IB_TIMEOUT", v, 1, 31));
+       }},
+      {"RAILSHARD_IB_RETRY_CNT", "7", "RDMA transport retries before a send fails (0-7).",
+       [](Config& c, const std::string& v) {
+         c.ib_retry_cnt = static_cast<int>(parseInteger("RAILSHARD_IB_RETRY_CNT", v, 0, 7));
+       }},
+      {"RAILSHARD_IB_SLOTS", "16",
+       "Slots of each RDMA receive ring (one ring per peer and rail, and a staging ring of the "
+       "same size): the pieces a sender may have in flight on a lane.",
+       [](Config& c, const std::string& v) {
+         c.ib_slots = static_cast<int>(parseInteger("RAILSHARD_IB_SLOTS", v, 2, 4096));
+       }},
+      {"RAILSHARD_IB_SLOT_BYTES", "256K",
+       "Size of one RDMA ring slot (a piece plus its 64-byte header; multiple of 64, 4K to "
+       "64M). Memory per peer and rail: 2 x slots x slot bytes.",
+       [](Config& c, const std::string& v) {
+         const size_t bytes = parseBytes("RAILSHARD_IB_SLOT_BYTES", v);
+         if (bytes < 4096 || bytes > (size_t{64} << 20) || bytes % 64 != 0) {
+           throw ConfigError("RAILSHARD_IB_SLOT_BYTES: " + v +
+                             " is not a multiple of 64 between 4K and 64M");
+         }
+         c.ib_slot_bytes = bytes;
        }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct or "
@@ -293,7 +334,10 @@ std::string Config::describe() const {
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
       << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << transport << " algorithm=" << algorithm
-      << " shm_slot_bytes=" << shm_slot_bytes
+      << " shm_slot_bytes=" << shm_slot_bytes << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca)
+      << " ib_gid_index=" << ib_gid_index << " ib_timeout=" << ib_timeout
+      << " ib_retry_cnt=" << ib_retry_cnt << " ib_slots=" << ib_slots
+      << " ib_slot_bytes=" << ib_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

@@ -22,9 +22,16 @@ struct Config {
   std::string token;               // job token; empty only for in-process (thread) communicators
   std::string store_addr;          // host:port of the rendezvous store
   bool store_external = false;     // RAILSHARD_STORE_EXTERNAL: no rank hosts the store
-  std::string transport = "auto";  // auto | tcp | shm
-  std::string algorithm = "auto";  // RAILSHARD_ALGO: auto or a name from the tuner
-  size_t shm_slot_bytes = 0;       // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  std::string transport = "auto";  // auto | tcp | shm | ibverbs
+  // RDMA (transport/ibverbs, docs/rdma.md)
+  std::string ib_hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
+  int ib_gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose
+  int ib_timeout = 18;               // RAILSHARD_IB_TIMEOUT: 4.096 us * 2^n ACK timeout
+  int ib_retry_cnt = 7;              // RAILSHARD_IB_RETRY_CNT
+  int ib_slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
+  size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
+  std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
+  size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here

@@ -1,0 +1,49 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/base/clock.h"
+#include "core/base/store.h"
+#include "transport/transport.h"
+
+namespace railshard::transport::ibverbs {
+
+// How the RDMA transport is asked for (RAILSHARD_TRANSPORT).
+enum class Mode : uint8_t {
+  kAuto,    // RDMA between ranks on different hosts when both have a usable port; else TCP
+  kForced,  // every pair over RDMA (ibverbs); an error naming what is missing otherwise
+};
+
+struct FactoryOptions {
+  int rank = 0;
+  int size = 1;
+  std::string key_prefix;
+  Duration connect_timeout = std::chrono::seconds(60);
+  Duration spin = std::chrono::microseconds(2000);
+  TagFormatter formatter;
+  Mode mode = Mode::kAuto;
+  std::string hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
+  int gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose (gid_table.h)
+  int ib_timeout = 18;            // RAILSHARD_IB_TIMEOUT (4.096 us * 2^n per retry)
+  int ib_retry_cnt = 7;           // RAILSHARD_IB_RETRY_CNT
+  int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
+  size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
+  std::string rail_weights = "adaptive";
+};
+
+// Whether this build contains the RDMA transport (infiniband/verbs.h was found at build time).
+bool compiledIn();
+// "" when this process can use RDMA now (library loads, an active port passes the filter);
+// else why not, in one line.
+std::string unavailableReason(const std::string& hca_filter = "");
+
+// Puts the RDMA transport in front of `control` (the TCP transport, already connected to every
+// peer), which keeps carrying heartbeats, failure reports and the traffic of pairs that do not
+// use RDMA. Collective over all ranks (store exchanges). Returns `control` unchanged when no
+// pair uses RDMA (kAuto on one host, or without devices). kForced without a usable device:
+// ConfigError naming what is missing on which rank.
+std::unique_ptr<Transport> wrapWithIbverbs(Store& store, const FactoryOptions& options,
+                                           std::unique_ptr<Transport> control);
+
+}  // namespace railshard::transport::ibverbs

@@ -1,0 +1,131 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/ibverbs/credit_window.h"
+#include "transport/ibverbs/hca_discovery.h"
+#include "transport/ibverbs/ibverbs_factory.h"
+#include "transport/ibverbs/qp_params.h"
+#include "transport/ibverbs/verbs_api.h"
+#include "transport/ibverbs/wire_format.h"
+#include "transport/rails/rail_scheduler.h"
+
+namespace railshard::transport::ibverbs {
+
+// RDMA data plane: between two ranks one reliable-connected queue pair per HCA rail (a
+// "lane"), messages striped over the lanes by the rail scheduler and cut into pieces of at
+// most a slot. A piece is copied into a registered staging slot and written with one
+// RDMA WRITE WITH IMMEDIATE into the same slot of the peer's pre-registered receive ring; the
+// immediate names the slot, a 64-byte header in the slot names the message and offset. The
+// receiver copies the piece into the posted receive buffer (or stages it when the receive is
+// not posted yet, as the TCP transport does) and hands slots back in batches with zero-length
+// writes whose immediate carries the credit count. No remote write ever targets user memory,
+// so a failed collective cannot have a peer write into a buffer the caller already freed.
+//
+// The TCP transport it wraps ("control") stays connected: heartbeats, abort messages and lost
+// peers go through it, so failures look the same on every transport, and pairs that do not use
+// RDMA (same host in auto mode) send over it.
+//
+// NEVER RUN ON RDMA HARDWARE: this code was developed on machines without an HCA; its data path
+// runs in the tests against an in-process software emulation of libibverbs
+// (tests/fakes/fake_ibverbs.cc). See docs/rdma.md.
+class IbverbsTransport : public Transport {
+ public:
+  struct Rail;
+  struct Lane;
+  struct Peer;
+  struct SendOp;
+  struct RecvOp;
+
+  // Opens the rails and connects every RDMA pair (collective over all ranks).
+  IbverbsTransport(Store& store, const VerbsApi& api, const FactoryOptions& options,
+                   std::vector<HcaPort> ports, std::vector<bool> rdma_peers,
+                   std::unique_ptr<Transport> control);
+  ~IbverbsTransport() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string name() const override { return "ibverbs"; }
+  RequestPtr isend(int peer, const void* data, size_t bytes, const MessageTag& tag) override;
+  RequestPtr irecv(int peer, void* data, size_t bytes, const MessageTag& tag) override;
+  void wait(const RequestPtr& request, Deadline deadline) override;
+  void abort(std::exception_ptr error, bool tell_peers) override;
+  void checkHealthy() const override;
+  std::vector<RailStatus> rails() const override;
+  std::vector<LostPeer> lostPeers() const override { return control_->lostPeers(); }
+  void enterCollective(const MessageTag& tag) override;
+  void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override;
+  void setFailureListener(std::function<void(ErrorKind, const std::string&)> listener) override;
+  void setTraceRank(int world_rank) override { control_->setTraceRank(world_rank); }
+
+  // Tests: the queue pair of lane `rail` to `peer` (its number, for the emulation's fault hooks).
+  uint32_t queuePairNumberForTesting(int peer, int rail) const;
+  // Payload bytes written over RDMA to `peer` on `rail`.
+  uint64_t bytesSentForTesting(int peer, int rail) const;
+
+ private:
+  // ibverbs_transport_connect.cc
+  void openRails(const std::vector<HcaPort>& ports);
+  void connectLanes(Store& store);
+  void createQueuePair(Lane& lane);
+  void moveToRts(Lane& lane);
+  void postReceives(Lane& lane, int count);
+  void teardown();
+  // ibverbs_transport_data.cc
+  void pumpLocked(Peer& peer);
+  void postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length);
+  void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
+  void returnCreditsLocked(Lane& lane, bool force);
+  void completeLocked(const std::shared_ptr<Request>& request);
+  std::optional<std::string> checkUnsolicitedLocked(int peer, const MessageTag& theirs) const;
+  // ibverbs_transport_progress.cc
+  void progressLoop();
+  bool pollCompletions();
+  void handleCompletionLocked(const ibv_wc& wc);
+  void waitForEvents();
+  void handleAsyncEvent(Rail& rail);
+  void failLocked(ErrorKind kind, const std::string& message);
+  // A lane broke: an error now when anything is pending with its peer, else remembered.
+  void laneFailedLocked(Lane& lane, const std::string& message);
+  void raisePendingFailure();
+  void onControlFailure(ErrorKind kind, const std::string& message);
+  [[noreturn]] void rethrowPoisoned() const;
+  std::string describe(const MessageTag& tag) const;
+  std::string laneName(const Lane& lane) const;
+
+  const VerbsApi& api_;
+  FactoryOptions options_;
+  QpTiming timing_;
+  std::unique_ptr<Transport> control_;
+  std::vector<std::unique_ptr<Rail>> rails_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // wr_id names a lane by its index here
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for self and non-RDMA peers
+
+  // One lock for the data structures above: the progress thread and posting callers share it.
+  mutable std::mutex mutex_;
+  std::thread progress_;
+  std::atomic<bool> stopping_{false};
+  int wake_fd_ = -1;
+
+  // Failure: set when the control transport is poisoned (by anyone) or by us just before we
+  // poison it. After it is set no user buffer is read or written.
+  std::atomic<bool> poisoned_{false};
+  std::vector<std::pair<ErrorKind, std::string>> pending_failures_;  // guarded by mutex_
+  mutable std::mutex state_mutex_;
+  std::condition_variable state_changed_;
+  std::mutex listener_mutex_;
+  std::function<void(ErrorKind, const std::string&)> failure_listener_;
+  std::function<std::string(const MessageTag&)> timeout_explainer_;
+
+  MessageTag current_{};  // guarded by mutex_
+  bool in_collective_ = false;
+};
+
+}  // namespace railshard::transport::ibverbs

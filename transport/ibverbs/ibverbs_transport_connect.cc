@@ -1,0 +1,363 @@
+// Setting up and tearing down the RDMA transport: rails (one device context, protection
+// domain, completion queue and channel per HCA port), lanes (one RC queue pair per peer per
+// rail with its two rings), and the connection exchange through the store.
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "core/base/error.h"
+#include "core/base/logging.h"
+#include "transport/ibverbs/ibverbs_transport_internal.h"
+
+namespace railshard::transport::ibverbs {
+
+namespace {
+
+std::string errnoText(int err) {
+  return std::string(std::strerror(err));
+}
+
+RegisteredBuffer allocateRegistered(const VerbsApi& api, ibv_pd* pd, size_t bytes, int access,
+                                    const std::string& what) {
+  RegisteredBuffer buffer;
+  void* memory = nullptr;
+  if (::posix_memalign(&memory, 4096, bytes) != 0) {
+    throw Error("ibverbs: cannot allocate " + std::to_string(bytes) + " bytes for " + what);
+  }
+  std::memset(memory, 0, bytes);
+  buffer.data = static_cast<uint8_t*>(memory);
+  buffer.bytes = bytes;
+  buffer.mr = api.reg_mr(pd, memory, bytes, access);
+  if (buffer.mr == nullptr) {
+    const int err = errno;
+    std::free(memory);
+    throw Error("ibverbs: ibv_reg_mr of " + std::to_string(bytes) + " bytes for " + what +
+                " failed: " + errnoText(err) +
+                (err == ENOMEM ? " (raise the locked-memory limit: ulimit -l unlimited)" : ""));
+  }
+  return buffer;
+}
+
+void freeRegistered(const VerbsApi& api, RegisteredBuffer& buffer) {
+  if (buffer.mr != nullptr) api.dereg_mr(buffer.mr);
+  std::free(buffer.data);
+  buffer = RegisteredBuffer{};
+}
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text) {
+  std::vector<uint8_t> out;
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i + 1 < text.size(); i += 2) {
+    const int hi = value(text[i]);
+    const int lo = value(text[i + 1]);
+    if (hi < 0 || lo < 0) throw ProtocolError("ibverbs connection record is not hex");
+    out.push_back(static_cast<uint8_t>(hi * 16 + lo));
+  }
+  return out;
+}
+
+}  // namespace
+
+IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const FactoryOptions& options,
+                                   std::vector<HcaPort> ports, std::vector<bool> rdma_peers,
+                                   std::unique_ptr<Transport> control)
+    : api_(api), options_(options), control_(std::move(control)) {
+  timing_.timeout = static_cast<uint8_t>(options.ib_timeout);
+  timing_.retry_cnt = static_cast<uint8_t>(options.ib_retry_cnt);
+  peers_.resize(static_cast<size_t>(options.size));
+  for (int r = 0; r < options.size; ++r) {
+    if (r == options.rank || !rdma_peers[static_cast<size_t>(r)]) continue;
+    peers_[static_cast<size_t>(r)] = std::make_unique<Peer>();
+    peers_[static_cast<size_t>(r)]->rank = r;
+  }
+  control_->setFailureListener(
+      [this](ErrorKind kind, const std::string& message) { onControlFailure(kind, message); });
+  try {
+    openRails(ports);
+    connectLanes(store);
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) throw Error("ibverbs: eventfd failed: " + errnoText(errno));
+    progress_ = std::thread([this] { progressLoop(); });
+  } catch (...) {
+    teardown();
+    control_->setFailureListener(nullptr);
+    throw;
+  }
+}
+
+IbverbsTransport::~IbverbsTransport() {
+  stopping_.store(true);
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+  if (progress_.joinable()) progress_.join();
+  control_->setFailureListener(nullptr);
+  teardown();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
+  // The rails are this rank's usable ports, in discovery order; lane r to a peer joins our
+  // port r to its port r (rail-optimised fabrics pair HCAs by index).
+  int device_count = 0;
+  ibv_device** list = api_.get_device_list(&device_count);
+  if (list == nullptr) throw Error("ibverbs: ibv_get_device_list failed: " + errnoText(errno));
+  try {
+    for (const auto& port : ports) {
+      auto rail = std::make_unique<Rail>();
+      rail->port = port;
+      for (int i = 0; i < device_count; ++i) {
+        if (port.device == api_.get_device_name(list[i])) {
+          rail->context = api_.open_device(list[i]);
+          break;
+        }
+      }
+      const std::string where = port.device + ":" + std::to_string(port.port);
+      if (rail->context == nullptr) throw Error("ibverbs: cannot open " + where);
+      rails_.push_back(std::move(rail));
+      Rail& r = *rails_.back();
+      r.pd = api_.alloc_pd(r.context);
+      if (r.pd == nullptr) throw Error("ibverbs: ibv_alloc_pd on " + where + " failed");
+      r.channel = api_.create_comp_channel(r.context);
+      if (r.channel == nullptr) {
+        throw Error("ibverbs: ibv_create_comp_channel on " + where + " failed");
+      }
+      // The progress thread waits on these in poll(): never block in a read.
+      ::fcntl(r.channel->fd, F_SETFL, ::fcntl(r.channel->fd, F_GETFL) | O_NONBLOCK);
+      ::fcntl(r.context->async_fd, F_SETFL, ::fcntl(r.context->async_fd, F_GETFL) | O_NONBLOCK);
+    }
+  } catch (...) {
+    api_.free_device_list(list);
+    throw;
+  }
+  api_.free_device_list(list);
+}
+
+void IbverbsTransport::connectLanes(Store& store) {
+  const Duration timeout = options_.connect_timeout;
+  const auto key = [&](const std::string& what, int from, int to, int rail) {
+    return options_.key_prefix + "/ib/" + what + "/" + std::to_string(from) + "/" +
+           std::to_string(to) + "/" + std::to_string(rail);
+  };
+  // How many rails each RDMA peer has, and of which link layer: lane r exists when both have
+  // a port r of the same link layer.
+  std::string mine;
+  for (const auto& rail : rails_) mine += rail->port.infiniband ? 'I' : 'E';
+  store.setString(options_.key_prefix + "/ib/rails/" + std::to_string(options_.rank), mine,
+                  timeout);
+  const size_t slot_bytes = options_.slot_bytes;
+  const auto slots = static_cast<uint32_t>(options_.slots);
+  std::mt19937 random(std::random_device{}());
+  for (auto& peer_ptr : peers_) {
+    if (!peer_ptr) continue;
+    Peer& peer = *peer_ptr;
+    const std::string theirs =
+        store.getString(options_.key_prefix + "/ib/rails/" + std::to_string(peer.rank), timeout);
+    std::vector<std::string> names;
+    std::vector<double> speeds;
+    for (size_t r = 0; r < rails_.size() && r < theirs.size(); ++r) {
+      const char layer = rails_[r]->port.infiniband ? 'I' : 'E';
+      if (theirs[r] != layer) break;  // keep lanes index-aligned on both sides
+      auto lane = std::make_unique<Lane>();
+      lane->index = static_cast<uint32_t>(lanes_.size());
+      lane->peer = peer.rank;
+      lane->rail = static_cast<int>(r);
+      Rail& rail = *rails_[r];
+      lane->recv_ring =
+          allocateRegistered(api_, rail.pd, slots * slot_bytes,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a receive ring");
+      lane->recv.emplace(slots);
+      lane->local.rank = static_cast<uint32_t>(options_.rank);
+      lane->local.rail = static_cast<uint16_t>(r);
+      lane->local.port = static_cast<uint8_t>(rail.port.port);
+      lane->local.mtu = static_cast<uint8_t>(rail.port.active_mtu);
+      lane->local.link_layer =
+          rail.port.infiniband ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
+      lane->local.gid_index = static_cast<uint8_t>(rail.port.gid_index);
+      lane->local.lid = rail.port.lid;
+      lane->local.gid = rail.port.gid;
+      lane->local.psn = random() & 0xffffffu;
+      lane->local.ring_addr = reinterpret_cast<uint64_t>(lane->recv_ring.data);
+      lane->local.ring_rkey = lane->recv_ring.mr->rkey;
+      lane->local.slots = slots;
+      lane->local.slot_bytes = static_cast<uint32_t>(slot_bytes);
+      names.push_back(rail.port.device + ":" + std::to_string(rail.port.port));
+      speeds.push_back(rail.port.gbps);
+      peer.lanes.push_back(lane.get());
+      lanes_.push_back(std::move(lane));
+    }
+    if (peer.lanes.empty()) {
+      throw ConfigError("ibverbs: rank " + std::to_string(options_.rank) + " and rank " +
+                        std::to_string(peer.rank) +
+                        " have no RDMA rail in common (their first ports differ in link layer: " +
+                        "InfiniBand vs Ethernet); set RAILSHARD_IB_HCA or RAILSHARD_TRANSPORT=tcp");
+    }
+    rails::SchedulerOptions scheduler_options;
+    peer.scheduler.emplace(
+        names, options_.rail_weights == "equal" ? std::vector<double>(speeds.size(), 1.0) : speeds,
+        scheduler_options);
+  }
+  // Queue pairs to INIT with receives posted before anyone can learn their numbers: a write
+  // with immediate that finds no receive posted is an RNR error.
+  for (auto& lane : lanes_) {
+    createQueuePair(*lane);
+    store.setString(key("lane", options_.rank, lane->peer, lane->rail), hex(lane->local.encode()),
+                    timeout);
+  }
+  for (auto& lane : lanes_) {
+    const auto bytes =
+        unhex(store.getString(key("lane", lane->peer, options_.rank, lane->rail), timeout));
+    lane->remote = LaneInfo::decode(bytes);
+    if (lane->remote.rank != static_cast<uint32_t>(lane->peer) ||
+        lane->remote.rail != static_cast<uint16_t>(lane->rail)) {
+      throw ProtocolError("ibverbs: the connection record for rank " + std::to_string(lane->peer) +
+                          " rail " + std::to_string(lane->rail) + " names rank " +
+                          std::to_string(lane->remote.rank) + " rail " +
+                          std::to_string(lane->remote.rail));
+    }
+    Rail& rail = *rails_[static_cast<size_t>(lane->rail)];
+    lane->send_ring =
+        allocateRegistered(api_, rail.pd, size_t{lane->remote.slots} * lane->remote.slot_bytes,
+                           IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
+    lane->send.emplace(lane->remote.slots);
+    lane->in_flight.resize(lane->remote.slots);
+    moveToRts(*lane);
+  }
+  // Nobody writes before every queue pair it writes to is ready to receive.
+  store.setString(options_.key_prefix + "/ib/ready/" + std::to_string(options_.rank), "1", timeout);
+  std::vector<std::string> ready;
+  for (const auto& peer : peers_) {
+    if (peer) ready.push_back(options_.key_prefix + "/ib/ready/" + std::to_string(peer->rank));
+  }
+  if (!ready.empty()) store.wait(ready, timeout);
+  RS_LOG_DEBUG("rank {}: ibverbs: {} lanes on {} rails, {} slots of {} bytes each way",
+               options_.rank, lanes_.size(), rails_.size(), slots, slot_bytes);
+}
+
+void IbverbsTransport::createQueuePair(Lane& lane) {
+  Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
+  // Every lane of a rail shares its completion queue; it is sized for all of them (created
+  // lazily here, when the number of lanes is known).
+  if (rail.cq == nullptr) {
+    int entries = 16;
+    for (const auto& other : lanes_) {
+      if (other->rail == lane.rail) entries += 2 * (options_.slots + 8);
+    }
+    rail.cq = api_.create_cq(rail.context, entries, &rail, rail.channel, 0);
+    if (rail.cq == nullptr) {
+      throw Error("ibverbs: ibv_create_cq(" + std::to_string(entries) + ") on " + rail.port.device +
+                  " failed: " + errnoText(errno));
+    }
+    rail.cq_entries = entries;
+  }
+  ibv_qp_init_attr init{};
+  init.send_cq = rail.cq;
+  init.recv_cq = rail.cq;
+  init.qp_type = IBV_QPT_RC;
+  init.sq_sig_all = 1;  // every completion frees a staging slot or a send-queue entry
+  // Data writes are bounded by the peer's ring, credit writes by two in flight (each returns at
+  // least half the ring); receives by our ring plus the peer's credit writes.
+  lane.send_depth = options_.slots + 8;
+  init.cap.max_send_wr = static_cast<uint32_t>(lane.send_depth);
+  init.cap.max_recv_wr = static_cast<uint32_t>(options_.slots + 8);
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  lane.qp = api_.create_qp(rail.pd, &init);
+  if (lane.qp == nullptr) {
+    throw Error("ibverbs: ibv_create_qp on " + laneName(lane) + " failed: " + errnoText(errno));
+  }
+  lane.local.qpn = lane.qp->qp_num;
+  QpTransition t = initTransition(static_cast<uint8_t>(rail.port.port));
+  if (const int rc = api_.modify_qp(lane.qp, &t.attr, t.mask); rc != 0) {
+    throw Error("ibverbs: " + laneName(lane) + ": RESET->INIT failed: " + errnoText(rc));
+  }
+  postReceives(lane, options_.slots + 8);
+}
+
+void IbverbsTransport::moveToRts(Lane& lane) {
+  QpTransition rtr = rtrTransition(lane.local, lane.remote, timing_);
+  if (const int rc = api_.modify_qp(lane.qp, &rtr.attr, rtr.mask); rc != 0) {
+    throw Error("ibverbs: " + laneName(lane) + ": INIT->RTR failed: " + errnoText(rc) +
+                " (remote qpn " + std::to_string(lane.remote.qpn) + ", lid " +
+                std::to_string(lane.remote.lid) + ", mtu " +
+                std::to_string(static_cast<int>(rtr.attr.path_mtu)) + ")");
+  }
+  QpTransition rts = rtsTransition(lane.local, timing_);
+  if (const int rc = api_.modify_qp(lane.qp, &rts.attr, rts.mask); rc != 0) {
+    throw Error("ibverbs: " + laneName(lane) + ": RTR->RTS failed: " + errnoText(rc));
+  }
+}
+
+void IbverbsTransport::postReceives(Lane& lane, int count) {
+  // A write with immediate consumes one receive and scatters nothing: no buffers needed.
+  for (int i = 0; i < count; ++i) {
+    ibv_recv_wr wr{};
+    wr.wr_id = makeWorkId(lane.index, WorkKind::kRecv, 0);
+    wr.num_sge = 0;
+    ibv_recv_wr* bad = nullptr;
+    if (const int rc = ibv_post_recv(lane.qp, &wr, &bad); rc != 0) {
+      throw Error("ibverbs: ibv_post_recv on " + laneName(lane) + " failed: " + errnoText(rc));
+    }
+  }
+}
+
+void IbverbsTransport::teardown() {
+  for (auto& lane : lanes_) {
+    if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
+    lane->qp = nullptr;
+    freeRegistered(api_, lane->recv_ring);
+    freeRegistered(api_, lane->send_ring);
+  }
+  for (auto& rail : rails_) {
+    if (rail->cq != nullptr) {
+      if (rail->unacked_events > 0) api_.ack_cq_events(rail->cq, rail->unacked_events);
+      api_.destroy_cq(rail->cq);
+    }
+    if (rail->channel != nullptr) api_.destroy_comp_channel(rail->channel);
+    if (rail->pd != nullptr) api_.dealloc_pd(rail->pd);
+    if (rail->context != nullptr) api_.close_device(rail->context);
+    rail->cq = nullptr;
+    rail->channel = nullptr;
+    rail->pd = nullptr;
+    rail->context = nullptr;
+  }
+}
+
+std::string IbverbsTransport::laneName(const Lane& lane) const {
+  const Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
+  return "RDMA rail " + rail.port.device + ":" + std::to_string(rail.port.port) + " to rank " +
+         std::to_string(lane.peer);
+}
+
+uint32_t IbverbsTransport::queuePairNumberForTesting(int peer, int rail) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peers_.at(static_cast<size_t>(peer))->lanes.at(static_cast<size_t>(rail))->qp->qp_num;
+}
+
+uint64_t IbverbsTransport::bytesSentForTesting(int peer, int rail) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peers_.at(static_cast<size_t>(peer))->lanes.at(static_cast<size_t>(rail))->bytes_sent;
+}
+
+}  // namespace railshard::transport::ibverbs

@@ -1,0 +1,137 @@
+#pragma once
+
+// Internals shared by the ibverbs_transport_*.cc files.
+
+#include <map>
+#include <optional>
+
+#include "core/base/clock.h"
+#include "transport/ibverbs/ibverbs_transport.h"
+
+namespace railshard::transport::ibverbs {
+
+constexpr size_t kHeaderBytes = sizeof(PieceHeader);
+
+// wr_id: lane index (32 bits) | kind (8) | slot or count (24).
+enum class WorkKind : uint8_t { kData = 1, kCredit = 2, kRecv = 3 };
+inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
+  return (uint64_t{lane} << 32) | (uint64_t{static_cast<uint8_t>(kind)} << 24) |
+         (value & 0xffffffu);
+}
+inline uint32_t workLane(uint64_t id) {
+  return static_cast<uint32_t>(id >> 32);
+}
+inline WorkKind workKind(uint64_t id) {
+  return static_cast<WorkKind>((id >> 24) & 0xff);
+}
+inline uint32_t workValue(uint64_t id) {
+  return static_cast<uint32_t>(id & 0xffffffu);
+}
+
+// Page-aligned host memory registered with one protection domain.
+struct RegisteredBuffer {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+  ibv_mr* mr = nullptr;
+};
+
+struct IbverbsTransport::Rail {
+  HcaPort port;
+  ibv_context* context = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  int cq_entries = 0;
+  unsigned unacked_events = 0;  // acknowledged in batches; all before destroy
+};
+
+struct IbverbsTransport::Lane {
+  uint32_t index = 0;  // in lanes_
+  int peer = -1;
+  int rail = 0;  // index in rails_ and in the peer's scheduler
+  ibv_qp* qp = nullptr;
+  LaneInfo local;
+  LaneInfo remote;
+  RegisteredBuffer recv_ring;  // local.slots x local.slot_bytes, written by the peer
+  RegisteredBuffer send_ring;  // remote.slots x remote.slot_bytes, our staging copies
+  std::optional<SendWindow> send;
+  std::optional<ReceiveWindow> recv;
+  int send_depth = 0;        // max_send_wr
+  int send_outstanding = 0;  // posted, completion not yet seen
+  bool failed = false;
+  uint64_t bytes_sent = 0;
+  // Per staging slot: the message piece in flight from it.
+  struct InFlight {
+    std::shared_ptr<SendOp> op;
+    size_t bytes = 0;
+    Clock::time_point posted{};
+  };
+  std::vector<InFlight> in_flight;
+  Clock::time_point last_completion{};  // for the rail scheduler's service-time samples
+};
+
+struct IbverbsTransport::SendOp : Request {
+  SendOp(int peer, const void* data_in, size_t bytes, const MessageTag& tag, uint64_t message_in)
+      : Request(Kind::kSend, peer, bytes, tag),
+        data(static_cast<const uint8_t*>(data_in)),
+        message(message_in) {}
+  struct Chunk {
+    size_t offset = 0;
+    size_t length = 0;
+  };
+  const uint8_t* data;
+  uint64_t message;
+  std::vector<std::vector<Chunk>> per_rail;  // what each rail carries, in order
+  std::vector<size_t> next;                  // per rail: first chunk not yet posted
+  size_t unposted = 0;
+  size_t outstanding = 0;  // posted, local completion not yet seen
+};
+
+struct IbverbsTransport::RecvOp : Request {
+  RecvOp(int peer, void* data_in, size_t bytes, const MessageTag& tag, uint64_t message_in)
+      : Request(Kind::kRecv, peer, bytes, tag),
+        data(static_cast<uint8_t*>(data_in)),
+        message(message_in) {}
+  uint8_t* data;
+  uint64_t message;
+  uint64_t received = 0;
+};
+
+struct IbverbsTransport::Peer {
+  int rank = -1;
+  std::vector<Lane*> lanes;  // by rail
+  std::optional<rails::RailScheduler> scheduler;
+  uint64_t next_send = 0;
+  uint64_t next_recv = 0;
+  std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
+  std::map<uint64_t, std::shared_ptr<RecvOp>> receiving;
+  // A message whose receive is not posted yet, staged as it arrives.
+  struct Early {
+    MessageTag tag;
+    uint64_t total = 0;
+    uint64_t received = 0;
+    std::vector<uint8_t> data;
+  };
+  std::map<uint64_t, Early> early;
+  // A lane failed while nothing was pending with this peer (typically: it closed its
+  // communicator and our credit write found its queue pair gone). Not an error until this
+  // rank asks the peer for something; then it is the PeerLostError.
+  std::string idle_failure;
+  bool busy() const {
+    if (!sending.empty() || !receiving.empty()) return true;
+    for (const Lane* lane : lanes) {
+      for (const auto& flight : lane->in_flight) {
+        if (flight.op) return true;
+      }
+    }
+    return false;
+  }
+};
+
+// The same collective, whatever the algorithm step.
+inline bool sameCollective(const MessageTag& a, const MessageTag& b) {
+  return a.sequence == b.sequence && a.count == b.count && a.root == b.root &&
+         a.collective == b.collective && a.dtype == b.dtype && a.op == b.op;
+}
+
+}  // namespace railshard::transport::ibverbs

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/message_tag.h"
+
+namespace railshard::transport::ibverbs {
+
+// What one side of a lane (one reliable-connected queue pair between two ranks on one HCA
+// rail) tells the other through the store: how to reach its queue pair, and where its
+// receive ring is. Fixed layout, little-endian, versioned; decode() checks every field
+// against its range, so a corrupt or foreign record is a ProtocolError naming the field, never
+// a queue pair moved with garbage.
+struct LaneInfo {
+  static constexpr uint32_t kMagic = 0x42495352;  // "RSIB"
+  static constexpr uint16_t kVersion = 1;
+  static constexpr size_t kEncodedBytes = 96;
+
+  uint32_t rank = 0;
+  uint16_t rail = 0;
+  uint8_t port = 1;
+  uint8_t mtu = 0;         // enum ibv_mtu of the port (1 = 256 ... 5 = 4096)
+  uint8_t link_layer = 0;  // IBV_LINK_LAYER_INFINIBAND (1) or _ETHERNET (2)
+  uint8_t gid_index = 0;
+  uint16_t lid = 0;
+  uint32_t qpn = 0;  // 24 bits
+  uint32_t psn = 0;  // 24 bits
+  std::array<uint8_t, 16> gid{};
+  uint64_t ring_addr = 0;  // receive ring: slots x slot_bytes, remote-writable
+  uint32_t ring_rkey = 0;
+  uint32_t slots = 0;
+  uint32_t slot_bytes = 0;
+
+  std::vector<uint8_t> encode() const;
+  // ProtocolError naming the field and its value when a field is out of range.
+  static LaneInfo decode(const std::vector<uint8_t>& bytes);
+};
+
+// At the start of every slot a data write fills: which message and which part of it.
+struct PieceHeader {
+  static constexpr uint32_t kMagic = 0x50495352;  // "RSIP"
+  uint32_t magic = kMagic;
+  uint32_t length = 0;   // payload bytes after the header in this slot
+  uint64_t message = 0;  // per direction of a pair: 0, 1, 2, ... in posting order
+  uint64_t offset = 0;   // of this piece in the message
+  uint64_t total = 0;    // message size
+  MessageTag tag;
+};
+static_assert(sizeof(PieceHeader) == 64, "PieceHeader is part of the wire format");
+
+// The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, or the
+// receiver hands `value` slots back to the sender (a zero-length write).
+enum class ImmKind : uint8_t { kData = 0, kCredit = 1 };
+struct Immediate {
+  ImmKind kind = ImmKind::kData;
+  uint32_t value = 0;  // 24 bits: slot index or credit count
+};
+uint32_t encodeImmediate(const Immediate& imm);  // host order; the caller applies htonl
+// ProtocolError for an unknown kind.
+Immediate decodeImmediate(uint32_t host_order);
+
+}  // namespace railshard::transport::ibverbs
