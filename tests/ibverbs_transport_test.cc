@@ -232,20 +232,57 @@ TEST_F(OverEmulation, MismatchedOpsRaiseMismatchErrorOnEveryRank) {
   }
 }
 
+// The emulation's queue pairs are numbered from small integers: breaks the first that exists,
+// as a cable pull would (its outstanding write fails with "retry counter exceeded", both ends
+// go into the error state).
+void breakFirstQueuePair(const FakeHooks& hooks) {
+  for (uint32_t qpn = 1; qpn < 100000; ++qpn) {
+    if (hooks.break_qp(qpn, IBV_WC_RETRY_EXC_ERR) == 0) return;
+  }
+  ADD_FAILURE() << "no queue pair to break";
+}
+
+TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
+  constexpr int kSize = 2;
+  Config config = rdmaConfig();
+  config.rail_weights = "static";
+  config.chunk_bytes = 1 << 20;  // striped over both rails
+  std::vector<std::string> down(kSize);
+  test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    for (int iteration = 0; iteration < 40; ++iteration) {
+      std::vector<float> data(600000);
+      for (size_t i = 0; i < data.size(); ++i) data[i] = input(rank, i) + iteration;
+      comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < data.size(); i += 7) {
+        const float expected = input(0, i) + input(1, i) + 2.0f * iteration;
+        ASSERT_NEAR(data[i], expected, 1e-3) << "iteration " << iteration << " element " << i;
+      }
+      if (rank == 1 && iteration == 5) breakFirstQueuePair(hooks_);
+    }
+    for (const auto& rail : comm.transport().rails()) {
+      if (!rail.up) down[static_cast<size_t>(rank)] = rail.name + ": " + rail.down_reason;
+    }
+  }));
+  for (int r = 0; r < kSize; ++r) {
+    // Whichever the rank saw first: a completion in error (with its verbs status) or the
+    // queue pair's asynchronous error event.
+    const std::string& reason = down[static_cast<size_t>(r)];
+    EXPECT_NE(reason.find("RDMA rail fake"), std::string::npos) << "rank " << r << ": " << reason;
+    EXPECT_TRUE(reason.find("completed with") != std::string::npos ||
+                reason.find("asynchronous event") != std::string::npos)
+        << "rank " << r << " should report the failed rail and why: '" << reason << "'";
+  }
+}
+
 TEST_F(OverEmulation, AFailedQueuePairIsPeerLostErrorWithTheVerbsStatusOnEveryRank) {
   constexpr int kSize = 3;
+  ScopedEnv one_rail("FAKE_IBVERBS_DEVICES", "1");  // no other rail to fail over to
   const auto errors = withRanks(kSize, rdmaConfig(), [&](Communicator& comm) {
     std::vector<float> data(200000, 1.0f);
     for (int i = 0; i < 200; ++i) {
       comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
-      if (comm.rank() == 1 && i == 3) {
-        // A cable pull: the emulation numbers queue pairs from small integers; the first one
-        // that exists goes into the error state, its outstanding write failing with
-        // "retry counter exceeded" as on hardware.
-        for (uint32_t qpn = 1; qpn < 100000; ++qpn) {
-          if (hooks_.break_qp(qpn, IBV_WC_RETRY_EXC_ERR) == 0) break;
-        }
-      }
+      if (comm.rank() == 1 && i == 3) breakFirstQueuePair(hooks_);
     }
   });
   int with_status = 0;

@@ -80,7 +80,7 @@ class IbverbsTransport : public Transport {
   void teardown();
   // ibverbs_transport_data.cc
   void pumpLocked(Peer& peer);
-  void postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length);
+  void postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length, bool resend);
   void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
@@ -92,8 +92,12 @@ class IbverbsTransport : public Transport {
   void waitForEvents();
   void handleAsyncEvent(Rail& rail);
   void failLocked(ErrorKind kind, const std::string& message);
-  // A lane broke: an error now when anything is pending with its peer, else remembered.
-  void laneFailedLocked(Lane& lane, const std::string& message);
+  // A lane broke (`what`: which and how): its peer's other lanes take over; without one, a
+  // PeerLostError now when anything is pending with that peer, else remembered.
+  void laneFailedLocked(Lane& lane, const std::string& what);
+  // Takes a failed lane out of its peer's rotation and moves what it had not delivered (and
+  // had yet to send) to the peer's other lanes; false when no other lane is up.
+  bool failOverLocked(Lane& lane, const std::string& why);
   void raisePendingFailure();
   void onControlFailure(ErrorKind kind, const std::string& message);
   [[noreturn]] void rethrowPoisoned() const;

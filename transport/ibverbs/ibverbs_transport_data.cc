@@ -97,6 +97,7 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
     // parts of the staging buffer not yet written are overwritten by those pieces later).
     if (bytes > 0) std::memcpy(data, staged.data.data(), bytes);
     op->received = staged.received;
+    op->offsets = std::move(staged.offsets);
     peer->early.erase(early);
     // An early entry exists only once a piece arrived, so an empty message is complete here.
     if (op->received == bytes) {
@@ -131,8 +132,8 @@ void IbverbsTransport::pumpLocked(Peer& peer) {
         }
         const SendOp::Chunk chunk = chunks[op->next[r]++];
         --op->unposted;
-        lane.in_flight[*slot] = Lane::InFlight{op, chunk.length, Clock::now()};
-        postPieceLocked(lane, *op, chunk.offset, chunk.length);
+        lane.in_flight[*slot] = Lane::InFlight{op, chunk.offset, chunk.length, Clock::now()};
+        postPieceLocked(lane, *op, chunk.offset, chunk.length, chunk.resend);
         if (!pending_failures_.empty()) return;
       }
       if (op->next[r] < chunks.size()) blocked[r] = true;
@@ -143,11 +144,13 @@ void IbverbsTransport::pumpLocked(Peer& peer) {
   }
 }
 
-void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length) {
+void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length,
+                                       bool resend) {
   // The slot just acquired is the one before the window's next.
   const auto slot = static_cast<uint32_t>((lane.send->written() - 1) % lane.remote.slots);
   uint8_t* base = lane.send_ring.data + size_t{slot} * lane.remote.slot_bytes;
   PieceHeader header;
+  if (resend) header.magic = PieceHeader::kMagicResend;
   header.length = static_cast<uint32_t>(length);
   header.message = op.message;
   header.offset = offset;
@@ -196,7 +199,12 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   std::memcpy(&header, base, sizeof(header));
   // Everything in the header is checked before a byte of it is used.
   std::string problem;
-  if (header.magic != PieceHeader::kMagic) {
+  const bool resent = header.magic == PieceHeader::kMagicResend;
+  if (resent) peer.resends_seen = true;
+  // After a lane failed, a piece can arrive twice (it landed, its acknowledgement was lost,
+  // it was sent again on another lane): such duplicates are dropped, anything else is an error.
+  const bool duplicates_possible = peer.resends_seen;
+  if (header.magic != PieceHeader::kMagic && !resent) {
     problem = "a piece without the header magic";
   } else if (byte_len != kHeaderBytes + header.length) {
     problem = "a write of " + std::to_string(byte_len) + " bytes for a piece of " +
@@ -206,6 +214,11 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
     problem = "a piece [" + std::to_string(header.offset) + ", +" + std::to_string(header.length) +
               ") outside its message of " + std::to_string(header.total) + " bytes";
   } else if (header.message < peer.next_recv && peer.receiving.count(header.message) == 0) {
+    if (duplicates_possible) {
+      lane.recv->release(slot);
+      returnCreditsLocked(lane, false);
+      return;
+    }
     problem = "a piece of message " + std::to_string(header.message) + ", already complete";
   }
   if (!problem.empty()) {
@@ -233,7 +246,13 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
       return;
     }
     if (poisoned_.load()) return;  // the buffer may be gone
-    if (op.received + header.length > op.bytes()) {
+    const bool fresh = op.offsets.insert(header.offset).second;
+    if (!fresh && duplicates_possible) {
+      lane.recv->release(slot);
+      returnCreditsLocked(lane, false);
+      return;
+    }
+    if (!fresh || op.received + header.length > op.bytes()) {
       failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
                                            " sent more bytes of message " +
                                            std::to_string(header.message) + " than its size");
@@ -267,7 +286,13 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
                                            " that disagree on its tag or size");
       return;
     }
-    if (found->second.received + header.length > found->second.total) {
+    const bool fresh = found->second.offsets.insert(header.offset).second;
+    if (!fresh && duplicates_possible) {
+      lane.recv->release(slot);
+      returnCreditsLocked(lane, false);
+      return;
+    }
+    if (!fresh || found->second.received + header.length > found->second.total) {
       failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
                                            " sent more bytes of message " +
                                            std::to_string(header.message) + " than its size");

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 #include "core/base/clock.h"
 #include "transport/ibverbs/ibverbs_transport.h"
@@ -63,6 +64,7 @@ struct IbverbsTransport::Lane {
   // Per staging slot: the message piece in flight from it.
   struct InFlight {
     std::shared_ptr<SendOp> op;
+    size_t offset = 0;
     size_t bytes = 0;
     Clock::time_point posted{};
   };
@@ -78,6 +80,7 @@ struct IbverbsTransport::SendOp : Request {
   struct Chunk {
     size_t offset = 0;
     size_t length = 0;
+    bool resend = false;  // its first lane failed before the write was acknowledged
   };
   const uint8_t* data;
   uint64_t message;
@@ -95,6 +98,7 @@ struct IbverbsTransport::RecvOp : Request {
   uint8_t* data;
   uint64_t message;
   uint64_t received = 0;
+  std::set<uint64_t> offsets;  // pieces received, so a resent duplicate is not counted twice
 };
 
 struct IbverbsTransport::Peer {
@@ -111,12 +115,16 @@ struct IbverbsTransport::Peer {
     uint64_t total = 0;
     uint64_t received = 0;
     std::vector<uint8_t> data;
+    std::set<uint64_t> offsets;
   };
   std::map<uint64_t, Early> early;
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
   // rank asks the peer for something; then it is the PeerLostError.
   std::string idle_failure;
+  // A resent piece arrived: duplicates (of pieces or of whole completed messages) are
+  // possible from now on and are dropped instead of being protocol errors.
+  bool resends_seen = false;
   bool busy() const {
     if (!sending.empty() || !receiving.empty()) return true;
     for (const Lane* lane : lanes) {

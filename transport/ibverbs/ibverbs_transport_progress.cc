@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <sstream>
@@ -94,10 +95,9 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
     }
     std::ostringstream vendor;
     vendor << std::hex << wc.vendor_err;
-    laneFailedLocked(lane, "rank " + std::to_string(options_.rank) + ": lost rank " +
-                               std::to_string(lane.peer) + ": " + laneName(lane) + ": " + what +
-                               " completed with " + api_.statusText(wc.status) +
-                               ", vendor error 0x" + vendor.str() + hint);
+    laneFailedLocked(lane, laneName(lane) + ": " + what + " completed with " +
+                               api_.statusText(wc.status) + ", vendor error 0x" + vendor.str() +
+                               hint);
     return;
   }
   try {
@@ -203,9 +203,7 @@ void IbverbsTransport::handleAsyncEvent(Rail& rail) {
         case IBV_EVENT_PATH_MIG_ERR:
           for (auto& lane : lanes_) {
             if (lane->qp != event.element.qp || lane->failed || poisoned_.load()) continue;
-            laneFailedLocked(*lane, "rank " + std::to_string(options_.rank) + ": lost rank " +
-                                        std::to_string(lane->peer) + ": " + laneName(*lane) +
-                                        ": asynchronous event " + name +
+            laneFailedLocked(*lane, laneName(*lane) + ": asynchronous event " + name +
                                         " (the queue pair is in error)");
           }
           break;
@@ -217,9 +215,8 @@ void IbverbsTransport::handleAsyncEvent(Rail& rail) {
                 poisoned_.load()) {
               continue;
             }
-            laneFailedLocked(*lane, "rank " + std::to_string(options_.rank) + ": lost rank " +
-                                        std::to_string(lane->peer) + ": " + laneName(*lane) +
-                                        ": asynchronous event " + name + " on " + rail.port.device);
+            laneFailedLocked(*lane, laneName(*lane) + ": asynchronous event " + name + " on " +
+                                        rail.port.device);
           }
           break;
         default:
@@ -240,9 +237,12 @@ void IbverbsTransport::failLocked(ErrorKind kind, const std::string& message) {
   pending_failures_.emplace_back(kind, message);
 }
 
-void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& message) {
+void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
   lane.failed = true;
   Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  if (failOverLocked(lane, what)) return;
+  const std::string message = "rank " + std::to_string(options_.rank) + ": lost rank " +
+                              std::to_string(lane.peer) + ": " + what;
   if (peer.busy()) {
     failLocked(ErrorKind::kPeerLost, message);
   } else if (peer.idle_failure.empty()) {
@@ -250,6 +250,51 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& message) 
                  message);
     peer.idle_failure = message;
   }
+}
+
+bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
+  Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  std::vector<Lane*> up;
+  for (Lane* other : peer.lanes) {
+    if (!other->failed) up.push_back(other);
+  }
+  if (up.empty()) return false;
+  RS_LOG_WARN("rank {}: {}; its traffic moves to the other {} rail(s) to rank {}", options_.rank,
+              why, up.size(), lane.peer);
+  peer.scheduler->markDown(lane.rail, why);
+  size_t next = 0;
+  std::vector<std::shared_ptr<SendOp>> touched;
+  auto reassign = [&](const std::shared_ptr<SendOp>& op, SendOp::Chunk chunk) {
+    Lane* target = up[next++ % up.size()];
+    op->per_rail[static_cast<size_t>(target->rail)].push_back(chunk);
+    ++op->unposted;
+    touched.push_back(op);
+  };
+  // Written but not acknowledged: they may or may not have landed; sent again, marked so.
+  for (auto& flight : lane.in_flight) {
+    if (!flight.op) continue;
+    --flight.op->outstanding;
+    reassign(flight.op, SendOp::Chunk{flight.offset, flight.bytes, true});
+    flight = Lane::InFlight{};
+  }
+  // Not written yet.
+  const auto rail = static_cast<size_t>(lane.rail);
+  for (auto& op : peer.sending) {
+    auto& chunks = op->per_rail[rail];
+    for (size_t i = op->next[rail]; i < chunks.size(); ++i) {
+      --op->unposted;
+      reassign(op, chunks[i]);
+    }
+    op->next[rail] = chunks.size();
+  }
+  // Messages that had been fully posted are pending again.
+  for (auto& op : touched) {
+    if (std::find(peer.sending.begin(), peer.sending.end(), op) == peer.sending.end()) {
+      peer.sending.push_front(op);
+    }
+  }
+  pumpLocked(peer);
+  return true;
 }
 
 void IbverbsTransport::raisePendingFailure() {
@@ -352,7 +397,10 @@ std::vector<RailStatus> IbverbsTransport::rails() const {
         status.gbps = peer->scheduler->gbps(lane->rail);
         status.fraction = status.up ? peer->scheduler->fraction(lane->rail) : 0;
         status.bytes_sent = lane->bytes_sent;
-        if (lane->failed) status.down_reason = "queue pair in error";
+        if (!status.up) {
+          status.down_reason = peer->scheduler->downReason(lane->rail);
+          if (status.down_reason.empty()) status.down_reason = "queue pair in error";
+        }
         result.push_back(status);
       }
     }

@@ -43,6 +43,9 @@ struct LaneInfo {
 // At the start of every slot a data write fills: which message and which part of it.
 struct PieceHeader {
   static constexpr uint32_t kMagic = 0x50495352;  // "RSIP"
+  // A piece sent again on another lane after the lane it first went on failed: it may be a
+  // duplicate of one that landed without its acknowledgement, and is dropped if so.
+  static constexpr uint32_t kMagicResend = 0x52495352;  // "RSIR"
   uint32_t magic = kMagic;
   uint32_t length = 0;   // payload bytes after the header in this slot
   uint64_t message = 0;  // per direction of a pair: 0, 1, 2, ... in posting order
