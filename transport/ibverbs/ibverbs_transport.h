@@ -63,7 +63,10 @@ class IbverbsTransport : public Transport {
   void enterCollective(const MessageTag& tag) override;
   void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override;
   void setFailureListener(std::function<void(ErrorKind, const std::string&)> listener) override;
-  void setTraceRank(int world_rank) override { control_->setTraceRank(world_rank); }
+  void setTraceRank(int world_rank) override {
+    trace_rank_.store(world_rank);
+    control_->setTraceRank(world_rank);
+  }
 
   // Tests: the queue pair of lane `rail` to `peer` (its number, for the emulation's fault hooks).
   uint32_t queuePairNumberForTesting(int peer, int rail) const;
@@ -103,6 +106,10 @@ class IbverbsTransport : public Transport {
   [[noreturn]] void rethrowPoisoned() const;
   std::string describe(const MessageTag& tag) const;
   std::string laneName(const Lane& lane) const;
+  // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged on a lane; a send or
+  // receive from posting to completion.
+  void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns);
+  void traceTransfer(const Request& request);
 
   const VerbsApi& api_;
   FactoryOptions options_;
@@ -128,6 +135,7 @@ class IbverbsTransport : public Transport {
   std::function<void(ErrorKind, const std::string&)> failure_listener_;
   std::function<std::string(const MessageTag&)> timeout_explainer_;
 
+  std::atomic<int> trace_rank_{-1};
   MessageTag current_{};  // guarded by mutex_
   bool in_collective_ = false;
 };

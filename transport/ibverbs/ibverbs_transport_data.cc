@@ -132,7 +132,8 @@ void IbverbsTransport::pumpLocked(Peer& peer) {
         }
         const SendOp::Chunk chunk = chunks[op->next[r]++];
         --op->unposted;
-        lane.in_flight[*slot] = Lane::InFlight{op, chunk.offset, chunk.length, Clock::now()};
+        lane.in_flight[*slot] = Lane::InFlight{op, chunk.offset, chunk.length, Clock::now(),
+                                               trace::enabled() ? trace::now() : 0};
         postPieceLocked(lane, *op, chunk.offset, chunk.length, chunk.resend);
         if (!pending_failures_.empty()) return;
       }
@@ -332,6 +333,7 @@ void IbverbsTransport::returnCreditsLocked(Lane& lane, bool force) {
 }
 
 void IbverbsTransport::completeLocked(const std::shared_ptr<Request>& request) {
+  if (trace::enabled()) traceTransfer(*request);
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     request->markDone();

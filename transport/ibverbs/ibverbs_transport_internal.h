@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/base/clock.h"
+#include "core/base/trace.h"
 #include "transport/ibverbs/ibverbs_transport.h"
 
 namespace railshard::transport::ibverbs {
@@ -67,9 +68,11 @@ struct IbverbsTransport::Lane {
     size_t offset = 0;
     size_t bytes = 0;
     Clock::time_point posted{};
+    int64_t trace_ns = 0;  // trace clock at posting; 0 when tracing was off
   };
   std::vector<InFlight> in_flight;
   Clock::time_point last_completion{};  // for the rail scheduler's service-time samples
+  int32_t trace_track = 0;              // this lane's track in the trace, made on first use
 };
 
 struct IbverbsTransport::SendOp : Request {

@@ -113,6 +113,8 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         // before it on this lane finished, if that was after it was posted.
         const Clock::time_point start = std::max(done.posted, lane.last_completion);
         lane.last_completion = now;
+        if (done.trace_ns != 0 && trace::enabled())
+          traceRailLocked(lane, done.bytes, done.trace_ns);
         if (done.bytes > 0 && now > start && options_.rail_weights == "adaptive") {
           peer.scheduler->record(lane.rail, done.bytes,
                                  std::chrono::duration<double>(now - start).count());

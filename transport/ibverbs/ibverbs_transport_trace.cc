@@ -1,0 +1,46 @@
+// Trace events of the RDMA transport (docs/tracing.md): each piece from posting to its
+// acknowledgement, on one track per lane (rail and peer), and each send or receive from
+// posting to completion. Called only while tracing is on.
+#include <string>
+
+#include "core/base/trace.h"
+#include "transport/ibverbs/ibverbs_transport_internal.h"
+
+namespace railshard::transport::ibverbs {
+
+void IbverbsTransport::traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns) {
+  const int rank = trace_rank_.load(std::memory_order_relaxed);
+  if (rank < 0) return;
+  if (lane.trace_track == 0) {
+    const Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
+    const std::string name = rail.port.device + ":" + std::to_string(rail.port.port);
+    lane.trace_track = trace::track(rank, name + " to rank " + std::to_string(lane.peer), name);
+  }
+  trace::Event e;
+  e.category = trace::Category::kRail;
+  e.name = "rdma_write";
+  e.rank = rank;
+  e.peer = lane.peer;
+  e.track = lane.trace_track;
+  e.bytes = bytes;
+  e.begin_ns = begin_ns;
+  e.end_ns = trace::now();
+  trace::record(e);
+}
+
+void IbverbsTransport::traceTransfer(const Request& request) {
+  const int rank = trace_rank_.load(std::memory_order_relaxed);
+  if (rank < 0 || request.postedNs() == 0) return;
+  trace::Event e;
+  e.category = trace::Category::kTransfer;
+  e.name = request.kind() == Request::Kind::kSend ? "send" : "recv";
+  e.rank = rank;
+  e.peer = request.peer();
+  e.bytes = request.bytes();
+  e.seq = request.tag().sequence;
+  e.begin_ns = request.postedNs();
+  e.end_ns = trace::now();
+  trace::record(e);
+}
+
+}  // namespace railshard::transport::ibverbs
