@@ -12,6 +12,8 @@
 #include "core/base/error.h"
 #include "tests/test_util.h"
 #include "transport/ibverbs/credit_window.h"
+#include "transport/ibverbs/cuda_driver.h"
+#include "transport/ibverbs/device_registration.h"
 #include "transport/ibverbs/gid_table.h"
 #include "transport/ibverbs/hca_discovery.h"
 #include "transport/ibverbs/qp_params.h"
@@ -369,6 +371,43 @@ TEST(HcaDiscovery, PortRatesAndFilters) {
   EXPECT_TRUE(hcaSelected("mlx5_0,mlx5_1:2", "mlx5_1", 2));
   EXPECT_FALSE(hcaSelected("mlx5_0,mlx5_1:2", "mlx5_1", 1));
   EXPECT_FALSE(hcaSelected("mlx5_0", "mlx5_10", 1));
+}
+
+TEST(DeviceRegistration, TriesEachWayInOrderAndNamesEveryReasonWhenAllFail) {
+  ibv_mr fake_mr{};
+  std::vector<std::string> tried;
+  std::string method;
+  auto failing = [&](const std::string& name, const std::string& reason) {
+    return std::make_pair(name, RegistrationStep([&tried, name, reason](std::string& why) {
+                            tried.push_back(name);
+                            why = reason;
+                            return static_cast<ibv_mr*>(nullptr);
+                          }));
+  };
+  auto working = std::make_pair(std::string("peer memory"), RegistrationStep([&](std::string&) {
+                                  tried.push_back("peer memory");
+                                  return &fake_mr;
+                                }));
+  EXPECT_EQ(registerFirstThatWorks({failing("dmabuf", "no dmabuf support"), working}, method),
+            &fake_mr);
+  EXPECT_EQ(method, "peer memory");
+  EXPECT_EQ(tried, (std::vector<std::string>{"dmabuf", "peer memory"}));
+  try {
+    registerFirstThatWorks({failing("dmabuf", "EOPNOTSUPP"), failing("peer memory", "EFAULT")},
+                           method);
+    ADD_FAILURE() << "registration without any working way succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dmabuf: EOPNOTSUPP; peer memory: EFAULT"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaDriver, AbsentDriverIsReportedNotFatal) {
+  if (CudaDriver::get() != nullptr) GTEST_SKIP() << "an NVIDIA driver is installed here";
+  // No GPU here: every buffer is host memory, and the reason names the library.
+  EXPECT_NE(CudaDriver::unavailableReason().find("libcuda"), std::string::npos)
+      << CudaDriver::unavailableReason();
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "transport/ibverbs/credit_window.h"
+#include "transport/ibverbs/cuda_driver.h"
 #include "transport/ibverbs/hca_discovery.h"
 #include "transport/ibverbs/ibverbs_factory.h"
 #include "transport/ibverbs/qp_params.h"
@@ -106,12 +107,19 @@ class IbverbsTransport : public Transport {
   [[noreturn]] void rethrowPoisoned() const;
   std::string describe(const MessageTag& tag) const;
   std::string laneName(const Lane& lane) const;
+  // ibverbs_transport_device.cc: GPU buffers (never run on a GPU; docs/rdma.md).
+  void prepareDeviceSendLocked(Peer& peer, SendOp& op);
+  // Copies between a (host or device) user buffer and host memory; false after failLocked().
+  bool copyOutLocked(const SendOp& op, uint8_t* host, size_t offset, size_t length);
+  bool copyInLocked(const RecvOp& op, size_t offset, const uint8_t* host, size_t length);
   // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged on a lane; a send or
   // receive from posting to completion.
   void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns);
   void traceTransfer(const Request& request);
 
   const VerbsApi& api_;
+  const CudaDriver* cuda_ = nullptr;  // null without an NVIDIA driver: every buffer is host
+  bool staging_logged_ = false;       // "GPUDirect unavailable" is said once
   FactoryOptions options_;
   QpTiming timing_;
   std::unique_ptr<Transport> control_;

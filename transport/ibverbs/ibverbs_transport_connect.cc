@@ -81,7 +81,7 @@ std::vector<uint8_t> unhex(const std::string& text) {
 IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const FactoryOptions& options,
                                    std::vector<HcaPort> ports, std::vector<bool> rdma_peers,
                                    std::unique_ptr<Transport> control)
-    : api_(api), options_(options), control_(std::move(control)) {
+    : api_(api), cuda_(CudaDriver::get()), options_(options), control_(std::move(control)) {
   timing_.timeout = static_cast<uint8_t>(options.ib_timeout);
   timing_.retry_cnt = static_cast<uint8_t>(options.ib_retry_cnt);
   peers_.resize(static_cast<size_t>(options.size));
@@ -281,7 +281,7 @@ void IbverbsTransport::createQueuePair(Lane& lane) {
   lane.send_depth = options_.slots + 8;
   init.cap.max_send_wr = static_cast<uint32_t>(lane.send_depth);
   init.cap.max_recv_wr = static_cast<uint32_t>(options_.slots + 8);
-  init.cap.max_send_sge = 1;
+  init.cap.max_send_sge = 2;  // header from the staging slot + payload from GPU memory
   init.cap.max_recv_sge = 1;
   lane.qp = api_.create_qp(rail.pd, &init);
   if (lane.qp == nullptr) {
@@ -330,6 +330,7 @@ void IbverbsTransport::teardown() {
     freeRegistered(api_, lane->send_ring);
   }
   for (auto& rail : rails_) {
+    rail->device_cache.reset();  // deregisters GPU memory before its protection domain goes
     if (rail->cq != nullptr) {
       if (rail->unacked_events > 0) api_.ack_cq_events(rail->cq, rail->unacked_events);
       api_.destroy_cq(rail->cq);

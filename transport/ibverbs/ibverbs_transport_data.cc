@@ -26,6 +26,8 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
     checkHealthy();
   }
   auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, peer->next_send++);
+  if (cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data))
+    prepareDeviceSendLocked(*peer, *op);
   const size_t rails = peer->lanes.size();
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
@@ -75,6 +77,7 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
     checkHealthy();
   }
   auto op = std::make_shared<RecvOp>(peer_rank, data, bytes, tag, peer->next_recv++);
+  op->device = cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data);
   auto early = peer->early.find(op->message);
   if (early == peer->early.end()) {
     peer->receiving.emplace(op->message, op);
@@ -95,7 +98,11 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
   } else {
     // Pieces still to come land in `data` directly; those here are copied over once (the
     // parts of the staging buffer not yet written are overwritten by those pieces later).
-    if (bytes > 0) std::memcpy(data, staged.data.data(), bytes);
+    if (bytes > 0 && !copyInLocked(*op, 0, staged.data.data(), bytes)) {
+      lock.unlock();
+      raisePendingFailure();
+      checkHealthy();
+    }
     op->received = staged.received;
     op->offsets = std::move(staged.offsets);
     peer->early.erase(early);
@@ -158,15 +165,26 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   header.total = op.bytes();
   header.tag = op.tag();
   std::memcpy(base, &header, sizeof(header));
-  if (length > 0) std::memcpy(base + kHeaderBytes, op.data + offset, length);
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(base);
-  sge.length = static_cast<uint32_t>(kHeaderBytes + length);
-  sge.lkey = lane.send_ring.mr->lkey;
+  ibv_sge sge[2]{};
+  sge[0].addr = reinterpret_cast<uint64_t>(base);
+  sge[0].lkey = lane.send_ring.mr->lkey;
+  int num_sge = 1;
+  if (op.device && !op.staged && length > 0) {
+    // GPUDirect RDMA: the HCA reads the payload from GPU memory; only the header is staged.
+    const auto& lease = op.leases[static_cast<size_t>(lane.rail)];
+    sge[0].length = static_cast<uint32_t>(kHeaderBytes);
+    sge[1].addr = reinterpret_cast<uint64_t>(op.data + offset);
+    sge[1].length = static_cast<uint32_t>(length);
+    sge[1].lkey = lease->lkey;
+    num_sge = 2;
+  } else {
+    if (length > 0 && !copyOutLocked(op, base + kHeaderBytes, offset, length)) return;
+    sge[0].length = static_cast<uint32_t>(kHeaderBytes + length);
+  }
   ibv_send_wr wr{};
   wr.wr_id = makeWorkId(lane.index, WorkKind::kData, slot);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
+  wr.sg_list = sge;
+  wr.num_sge = num_sge;
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.imm_data = htonl(encodeImmediate(Immediate{ImmKind::kData, slot}));
@@ -259,8 +277,8 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
                                            std::to_string(header.message) + " than its size");
       return;
     }
-    if (header.length > 0) {
-      std::memcpy(op.data + header.offset, base + kHeaderBytes, header.length);
+    if (header.length > 0 && !copyInLocked(op, header.offset, base + kHeaderBytes, header.length)) {
+      return;
     }
     op.received += header.length;
     if (op.received == op.bytes()) {

@@ -9,6 +9,7 @@
 #include "core/base/clock.h"
 #include "core/base/trace.h"
 #include "transport/ibverbs/ibverbs_transport.h"
+#include "transport/ibverbs/registration_cache.h"
 
 namespace railshard::transport::ibverbs {
 
@@ -45,6 +46,8 @@ struct IbverbsTransport::Rail {
   ibv_cq* cq = nullptr;
   int cq_entries = 0;
   unsigned unacked_events = 0;  // acknowledged in batches; all before destroy
+  // GPU buffers registered with this rail's protection domain (GPUDirect), made on first use.
+  std::unique_ptr<RegistrationCache> device_cache;
 };
 
 struct IbverbsTransport::Lane {
@@ -91,6 +94,11 @@ struct IbverbsTransport::SendOp : Request {
   std::vector<size_t> next;                  // per rail: first chunk not yet posted
   size_t unposted = 0;
   size_t outstanding = 0;  // posted, local completion not yet seen
+  // CUDA device memory: written straight from GPU memory through `leases` (one per rail,
+  // GPUDirect RDMA), or, when it cannot be registered, copied to the staging slot (`staged`).
+  bool device = false;
+  bool staged = false;
+  std::vector<RegistrationCache::Lease> leases;
 };
 
 struct IbverbsTransport::RecvOp : Request {
@@ -102,6 +110,7 @@ struct IbverbsTransport::RecvOp : Request {
   uint64_t message;
   uint64_t received = 0;
   std::set<uint64_t> offsets;  // pieces received, so a resent duplicate is not counted twice
+  bool device = false;         // CUDA device memory: pieces are copied in by the driver
 };
 
 struct IbverbsTransport::Peer {
