@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/base/error.h"
@@ -12,6 +14,7 @@
 #include "core/communicator.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace railshard {
 namespace {
@@ -419,6 +422,55 @@ TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
   } catch (const PeerLostError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
   }
+}
+
+// A wait whose own deadline passes while another thread (here the progress thread, reading a
+// peer's abort) is half-way through failing the transport must raise that failure, not return
+// as if the receive had completed: recursive doubling then reduced the unfilled workspace into
+// the result and returned it without an error ("nothing is silently corrupted").
+TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
+  using transport::tcp::TcpTransport;
+  MemoryStore store;
+  std::unique_ptr<TcpTransport> t[2];
+  test::rethrowFirst(test::runRanks(2, [&](int rank) {
+    TcpTransport::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.token = "fail-race-test";
+    options.connect_timeout = std::chrono::seconds(20);
+    t[rank] = TcpTransport::create(store, options);
+  }));
+  // Hold rank 0's failure window open (claimed, not yet published) until this test's wait has
+  // run into its deadline, or half a second at most.
+  std::promise<void> failing;
+  std::atomic<bool> waited{false};
+  t[0]->setFailHookForTesting([&] {
+    failing.set_value();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (!waited.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<uint8_t> buffer(64, 0);
+  transport::MessageTag tag;
+  tag.sequence = 7;
+  auto request = t[0]->irecv(1, buffer.data(), buffer.size(), tag);  // rank 1 never sends it
+  t[1]->abort(makeError(ErrorKind::kTimeout, "rank 1: gave up (test)"), true);
+  ASSERT_EQ(failing.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  bool raised = false;
+  try {
+    t[0]->wait(request, deadlineAfter(std::chrono::milliseconds(20)));
+  } catch (const TimeoutError& e) {
+    raised = true;
+    EXPECT_NE(std::string(e.what()).find("gave up (test) [reported by rank 1]"), std::string::npos)
+        << e.what();
+  }
+  waited.store(true);
+  EXPECT_TRUE(raised) << "wait() returned normally on a receive that never arrived";
+  EXPECT_FALSE(request->done());
+  std::thread other([&] { t[1].reset(); });
+  t[0].reset();
+  other.join();
 }
 
 TEST(Arguments, BadArgumentsRaiseInvalidArgument) {

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -218,6 +219,32 @@ TEST_F(OverEmulation, CollectivesMatchAScalarReferenceAndStripeOverBothHcas) {
   }));
   EXPECT_GT(hooks_.bytes_written("fake0") - before0, 1u << 20);
   EXPECT_GT(hooks_.bytes_written("fake1") - before1, 1u << 20);
+}
+
+TEST_F(OverEmulation, RandomSizesOverTheSmallestRingsStayExact) {
+  // Two slots of 4 KiB: every piece waits for a credit, the rings wrap thousands of times.
+  constexpr int kSize = 4;
+  Config config = rdmaConfig();
+  config.ib_slots = 2;
+  config.ib_slot_bytes = 4096;
+  config.rail_weights = "equal";
+  test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
+    std::mt19937 sizes(1234);  // the same sequence on every rank
+    for (int iteration = 0; iteration < 60; ++iteration) {
+      const size_t count = sizes() % 70000;
+      std::vector<int64_t> data(count);
+      for (size_t i = 0; i < count; ++i) {
+        data[i] = static_cast<int64_t>(i) * (comm.rank() + 1) + iteration;
+      }
+      comm.allreduce(data.data(), count, DataType::kInt64, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        // sum over r of i*(r+1) + iteration = i*n(n+1)/2 + n*iteration
+        const int64_t expected =
+            static_cast<int64_t>(i) * kSize * (kSize + 1) / 2 + int64_t{kSize} * iteration;
+        ASSERT_EQ(data[i], expected) << "iteration " << iteration << " count " << count;
+      }
+    }
+  }));
 }
 
 TEST_F(OverEmulation, MismatchedOpsRaiseMismatchErrorOnEveryRank) {

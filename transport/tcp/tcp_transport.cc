@@ -204,7 +204,7 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
                                              ": cannot send " + describe(tag) + " to " +
                                              peerName(peer_rank) + ": " + lost_reason),
          true);
-    checkHealthy();
+    rethrowAfterQuiesce();
   }
   return op;
 }
@@ -258,7 +258,7 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
   }
   if (problem) {
     fail(makeError(kind, *problem), true);
-    checkHealthy();
+    rethrowAfterQuiesce();
   }
   return op;
 }
@@ -308,8 +308,10 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
           << (is_send ? "to send to " : "to receive from ") << peerName(request->peer())
           << " (RAILSHARD_TIMEOUT)";
   if (timeout_explainer_) message << ": " << timeout_explainer_(request->tag());
+  // Raises whichever failure came first: this timeout, or one another thread (a peer's abort,
+  // a lost connection) was publishing meanwhile. Never returns: the request is not done.
   fail(makeError(ErrorKind::kTimeout, message.str()), true);
-  checkHealthy();
+  rethrowAfterQuiesce();
 }
 
 namespace {
@@ -353,7 +355,7 @@ void TcpTransport::enterCollective(const MessageTag& tag) {
   }
   if (problem) {
     fail(makeError(ErrorKind::kMismatch, *problem), true);
-    checkHealthy();
+    rethrowAfterQuiesce();
   }
 }
 

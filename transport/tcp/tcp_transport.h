@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -93,6 +94,11 @@ class TcpTransport : public Transport {
   // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
   // socket), so that the failover path runs without root.
   void breakConnectionForTesting(int peer, int channel);
+  // Tests: runs in the thread that starts failing the transport, after it claimed the failure
+  // and before the failure is published to waiters, so that a test can hold that window open.
+  void setFailHookForTesting(std::function<void()> hook) {
+    fail_hook_for_testing_ = std::move(hook);
+  }
 
   // Bytes written to / read from all sockets (headers included), for tests and benchmarks.
   uint64_t bytesSent() const { return bytes_sent_.load(); }
@@ -158,6 +164,9 @@ class TcpTransport : public Transport {
   void recordLost(int peer, const std::string& reason);
   // Stops watching and closes the connection's socket; caller holds the peer's mutex.
   void closeChannelLocked(Channel& channel);
+  // Puts the transport in the failed state (the first caller's error wins). Returns only once
+  // the failure is published (failed_), whichever thread raised it, so that a caller's
+  // checkHealthy() or rethrowAfterQuiesce() after it always raises.
   void fail(std::exception_ptr error, bool tell_peers);
   void detachUserMemory();
   void drainAfterFailure(Peer& peer, Channel& channel);
@@ -187,11 +196,13 @@ class TcpTransport : public Transport {
   std::condition_variable state_changed_;
   std::atomic<int> waiters_{0};
   bool failing_ = false;             // guarded by state_mutex_: the first fail() wins
+  std::thread::id failing_thread_;   // guarded by state_mutex_: the one that won
   std::atomic<bool> failed_{false};  // published once user memory is detached
   std::atomic<bool> reader_quiesced_{false};
   std::exception_ptr error_;                                         // guarded by state_mutex_
   std::vector<LostPeer> lost_peers_;                                 // guarded by state_mutex_
   std::function<std::string(const MessageTag&)> timeout_explainer_;  // set before first use
+  std::function<void()> fail_hook_for_testing_;                      // set before first use
   // The collective the user thread is in (enterCollective), read by the progress thread.
   mutable std::mutex current_mutex_;
   MessageTag current_{};

@@ -17,11 +17,24 @@ namespace railshard::transport::tcp {
 
 void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    if (failing_) return;
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    if (failing_) {
+      // Another thread claimed the failure and is still detaching user memory and queueing
+      // abort frames; failed_ is not set yet. A user thread goes on to raise the failure
+      // (rethrowAfterQuiesce), so return only once it is published: returning now let a
+      // wait() that ran into its deadline return as if its receive had completed, and the
+      // collective reduce a buffer that was never filled. (The one that claimed the failure
+      // may re-enter from inside it, and must not wait for itself.)
+      if (failing_thread_ != std::this_thread::get_id()) {
+        state_changed_.wait(lock, [&] { return failed_.load(); });
+      }
+      return;
+    }
     failing_ = true;
+    failing_thread_ = std::this_thread::get_id();
     error_ = error;
   }
+  if (fail_hook_for_testing_) fail_hook_for_testing_();
   ErrorKind kind = ErrorKind::kGeneric;
   std::string message;
   try {
