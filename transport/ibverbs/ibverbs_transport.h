@@ -112,10 +112,8 @@ class IbverbsTransport : public Transport {
   // Copies between a (host or device) user buffer and host memory; false after failLocked().
   bool copyOutLocked(const SendOp& op, uint8_t* host, size_t offset, size_t length);
   bool copyInLocked(const RecvOp& op, size_t offset, const uint8_t* host, size_t length);
-  // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged on a lane; a send or
-  // receive from posting to completion.
+  // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged on a lane.
   void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns);
-  void traceTransfer(const Request& request);
 
   const VerbsApi& api_;
   const CudaDriver* cuda_ = nullptr;  // null without an NVIDIA driver: every buffer is host

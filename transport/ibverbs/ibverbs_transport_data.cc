@@ -351,7 +351,7 @@ void IbverbsTransport::returnCreditsLocked(Lane& lane, bool force) {
 }
 
 void IbverbsTransport::completeLocked(const std::shared_ptr<Request>& request) {
-  if (trace::enabled()) traceTransfer(*request);
+  if (trace::enabled()) traceTransfer(*request, trace_rank_.load(std::memory_order_relaxed));
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     request->markDone();
@@ -361,12 +361,8 @@ void IbverbsTransport::completeLocked(const std::shared_ptr<Request>& request) {
 
 std::optional<std::string> IbverbsTransport::checkUnsolicitedLocked(
     int peer, const MessageTag& theirs) const {
-  if (!in_collective_ || theirs.sequence != current_.sequence || sameCollective(theirs, current_)) {
-    return std::nullopt;
-  }
-  return options_.formatter.mismatch
-             ? options_.formatter.mismatch(options_.rank, current_, peer, theirs)
-             : "rank " + std::to_string(peer) + " sent a message of another collective";
+  return unsolicitedMismatch(options_.formatter, options_.rank, in_collective_, current_, peer,
+                             theirs);
 }
 
 void IbverbsTransport::enterCollective(const MessageTag& tag) {

@@ -148,10 +148,4 @@ struct IbverbsTransport::Peer {
   }
 };
 
-// The same collective, whatever the algorithm step.
-inline bool sameCollective(const MessageTag& a, const MessageTag& b) {
-  return a.sequence == b.sequence && a.count == b.count && a.root == b.root &&
-         a.collective == b.collective && a.dtype == b.dtype && a.op == b.op;
-}
-
 }  // namespace railshard::transport::ibverbs

@@ -28,19 +28,4 @@ void IbverbsTransport::traceRailLocked(Lane& lane, size_t bytes, int64_t begin_n
   trace::record(e);
 }
 
-void IbverbsTransport::traceTransfer(const Request& request) {
-  const int rank = trace_rank_.load(std::memory_order_relaxed);
-  if (rank < 0 || request.postedNs() == 0) return;
-  trace::Event e;
-  e.category = trace::Category::kTransfer;
-  e.name = request.kind() == Request::Kind::kSend ? "send" : "recv";
-  e.rank = rank;
-  e.peer = request.peer();
-  e.bytes = request.bytes();
-  e.seq = request.tag().sequence;
-  e.begin_ns = request.postedNs();
-  e.end_ns = trace::now();
-  trace::record(e);
-}
-
 }  // namespace railshard::transport::ibverbs

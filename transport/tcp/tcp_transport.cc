@@ -237,7 +237,7 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
       } else if (staged.complete) {
         if (bytes > 0) std::memcpy(data, staged.staged.data(), bytes);
         peer.incoming.erase(found);
-        if (trace::enabled()) traceTransfer(*op);
+        if (trace::enabled()) traceTransfer(*op, trace_rank_.load(std::memory_order_relaxed));
         op->markDone();
       } else {
         staged.claimer = op;
@@ -314,25 +314,13 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   rethrowAfterQuiesce();
 }
 
-namespace {
-
-// The same collective, whatever the algorithm step.
-bool sameCollective(const MessageTag& a, const MessageTag& b) {
-  return a.sequence == b.sequence && a.count == b.count && a.root == b.root &&
-         a.collective == b.collective && a.dtype == b.dtype && a.op == b.op;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::optional<std::string> TcpTransport::checkUnsolicited(int peer,
                                                           const MessageTag& theirs) const {
   std::lock_guard<std::mutex> lock(current_mutex_);
-  if (!in_collective_ || theirs.sequence != current_.sequence || sameCollective(theirs, current_)) {
-    return std::nullopt;
-  }
-  return options_.formatter.mismatch
-             ? options_.formatter.mismatch(options_.rank, current_, peer, theirs)
-             : "rank " + std::to_string(peer) + " sent a message of another collective";
+  return unsolicitedMismatch(options_.formatter, options_.rank, in_collective_, current_, peer,
+                             theirs);
 }
 
 void TcpTransport::enterCollective(const MessageTag& tag) {
@@ -528,7 +516,7 @@ void TcpTransport::releaseLocked(Segment& segment) {
 }
 
 void TcpTransport::completeRequest(Request& request) {
-  if (trace::enabled()) traceTransfer(request);
+  if (trace::enabled()) traceTransfer(request, trace_rank_.load(std::memory_order_relaxed));
   request.markDone();
   if (waiters_.load() > 0) {
     { std::lock_guard<std::mutex> lock(state_mutex_); }

@@ -137,9 +137,8 @@ class TcpTransport : public Transport {
   void releaseLocked(Segment& segment);
   void releaseByCopyLocked(Peer& peer, const SendOp& op);
   void completeRequest(Request& request);
-  // Trace events (docs/tracing.md): one piece written to one rail; one send or receive.
+  // Trace event (docs/tracing.md): one piece written to one rail.
   void traceRailLocked(const Peer& peer, Channel& channel, const Segment& segment);
-  void traceTransfer(const Request& request);
   // tcp_transport_read.cc
   void handleReadable(Peer& peer, Channel& channel);
   void onHeader(Peer& peer, Channel& channel);

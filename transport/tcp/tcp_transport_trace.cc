@@ -1,5 +1,5 @@
-// Trace events of the TCP transport (docs/tracing.md): each piece written to a rail, and each
-// send or receive from posting to completion. Called only while tracing is on.
+// Trace events of the TCP transport (docs/tracing.md): each piece written to a rail (sends and
+// receives: traceTransfer in transport.cc). Called only while tracing is on.
 #include <string>
 
 #include "core/base/trace.h"
@@ -22,21 +22,6 @@ void TcpTransport::traceRailLocked(const Peer& peer, Channel& channel, const Seg
   e.track = channel.trace_track;
   e.bytes = segment.header.payload_bytes;
   e.begin_ns = segment.trace_begin_ns;
-  e.end_ns = trace::now();
-  trace::record(e);
-}
-
-void TcpTransport::traceTransfer(const Request& request) {
-  const int rank = trace_rank_.load(std::memory_order_relaxed);
-  if (rank < 0 || request.postedNs() == 0) return;
-  trace::Event e;
-  e.category = trace::Category::kTransfer;
-  e.name = request.kind() == Request::Kind::kSend ? "send" : "recv";
-  e.rank = rank;
-  e.peer = request.peer();
-  e.bytes = request.bytes();
-  e.seq = request.tag().sequence;
-  e.begin_ns = request.postedNs();
   e.end_ns = trace::now();
   trace::record(e);
 }
