@@ -151,6 +151,23 @@ TEST(IbverbsTransport, MissingLibraryIsAConfigErrorAndAutoFallsBackToTcp) {
   EXPECT_EQ(results, (std::vector<float>{3, 3}));
 }
 
+TEST(IbverbsTransport, TopoToolSaysWhatRdmaSeesHere) {
+  // This machine's libibverbs: no device, said plainly.
+  const auto here = test::runProcess({RAILSHARD_TOPO_BIN, "--rdma"});
+  ASSERT_EQ(here.exit_code, 0) << here.err;
+  EXPECT_NE(here.out.find("RDMA: unavailable: "), std::string::npos) << here.out;
+  // The emulation's two ports, one left out by RAILSHARD_IB_HCA.
+  const auto fake = test::runProcess(
+      {RAILSHARD_TOPO_BIN, "--rdma"},
+      {{"RAILSHARD_IBVERBS_LIBRARY", FAKE_IBVERBS_PATH}, {"RAILSHARD_IB_HCA", "fake1"}});
+  ASSERT_EQ(fake.exit_code, 0) << fake.err;
+  EXPECT_NE(fake.out.find("fake1:1  InfiniBand  100 Gbit/s  mtu 4096  lid 2"), std::string::npos)
+      << fake.out;
+  EXPECT_NE(fake.out.find("skipped fake0:1: not in RAILSHARD_IB_HCA"), std::string::npos)
+      << fake.out;
+  EXPECT_NE(fake.out.find("RDMA: usable, 1 rail(s)"), std::string::npos) << fake.out;
+}
+
 class OverEmulation : public ::testing::Test {
  protected:
   ScopedEnv library_{"RAILSHARD_IBVERBS_LIBRARY", FAKE_IBVERBS_PATH};

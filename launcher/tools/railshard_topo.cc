@@ -17,6 +17,7 @@
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/environment.h"
 #include "launcher/init.h"
+#include "transport/ibverbs/ibverbs_factory.h"
 
 namespace {
 
@@ -25,7 +26,7 @@ using railshard::topology::VertexKind;
 
 constexpr const char* kUsage =
     "usage: railshard-topo [--json | --dot | --png OUT.png] [--file GRAPH.json]\n"
-    "                      [--rails HOST_A HOST_B] [--path RANK_A RANK_B]\n";
+    "                      [--rails HOST_A HOST_B] [--path RANK_A RANK_B] [--rdma]\n";
 
 constexpr const char* kHelp =
     "\n"
@@ -45,6 +46,9 @@ constexpr const char* kHelp =
     "  --png OUT.png        rendered through Graphviz's dot (apt-get install graphviz)\n"
     "  --rails A B          the rails between hosts A and B\n"
     "  --path RA RB         the path between ranks RA and RB\n"
+    "  --rdma               what the RDMA transport sees here: its library, usable ports\n"
+    "                       (rate, link layer, MTU, the GID and why), ports left out and why\n"
+    "                       (RAILSHARD_IB_HCA and RAILSHARD_IB_GID_INDEX apply)\n"
     "\n"
     "RAILSHARD_SOCKET_IFNAME selects interfaces (prefix, =exact, ^exclude) as for jobs.\n";
 
@@ -59,6 +63,7 @@ struct Arguments {
   std::vector<std::string> rails;
   std::vector<int> path;
   bool help = false;
+  bool rdma = false;
 };
 
 Arguments parse(int argc, char** argv) {
@@ -83,6 +88,8 @@ Arguments parse(int argc, char** argv) {
         const std::string value = next("two ranks");
         args.path.push_back(static_cast<int>(railshard::parseInteger("--path", value, 0, 1 << 24)));
       }
+    } else if (arg == "--rdma") {
+      args.rdma = true;
     } else if (arg == "-h" || arg == "--help") {
       args.help = true;
     } else {
@@ -214,6 +221,16 @@ int main(int argc, char** argv) {
   if (args.help) {
     std::cout << kUsage << kHelp;
     return 0;
+  }
+  if (args.rdma) {
+    try {
+      const railshard::Config config = railshard::Config::fromEnvironment();
+      std::cout << railshard::transport::ibverbs::describeRdma(config.ib_hca, config.ib_gid_index);
+      return 0;
+    } catch (const railshard::Error& e) {
+      std::cerr << "railshard-topo: " << e.what() << "\n";
+      return 2;
+    }
   }
   try {
     Topology graph;

@@ -1,6 +1,7 @@
 #include "transport/ibverbs/ibverbs_factory.h"
 
 #include <mutex>
+#include <sstream>
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
@@ -46,6 +47,32 @@ bool compiledIn() {
 std::string unavailableReason(const std::string& hca_filter) {
   const HcaScan result = scan(hca_filter, -1);
   return result.ports.empty() ? result.why_none : "";
+}
+
+std::string describeRdma(const std::string& hca_filter, int gid_index) {
+  std::ostringstream out;
+  const VerbsApi* api = VerbsApi::get();
+  if (api == nullptr) {
+    out << "RDMA: unavailable: " << VerbsApi::unavailableReason() << "\n";
+    return out.str();
+  }
+  out << "RDMA library: " << api->path << "\n";
+  const HcaScan found = scan(hca_filter, gid_index);
+  for (const auto& port : found.ports) {
+    out << "  " << port.device << ":" << port.port << "  "
+        << (port.infiniband ? "InfiniBand" : "Ethernet (RoCE)") << "  " << port.gbps
+        << " Gbit/s  mtu " << (128 << port.active_mtu) << "  lid " << port.lid << "  gid "
+        << port.gid_index << " (" << port.gid_reason << ")\n";
+  }
+  for (const auto& skipped : found.skipped) out << "  skipped " << skipped << "\n";
+  if (found.ports.empty()) {
+    out << "RDMA: unavailable: " << found.why_none << "\n";
+  } else {
+    out << "RDMA: usable, " << found.ports.size()
+        << " rail(s); used between hosts with RAILSHARD_TRANSPORT=auto or ibverbs (never run on "
+           "RDMA hardware yet: docs/rdma.md)\n";
+  }
+  return out.str();
 }
 
 std::unique_ptr<Transport> wrapWithIbverbs(Store& store, const FactoryOptions& options,

@@ -38,6 +38,11 @@ bool compiledIn();
 // else why not, in one line.
 std::string unavailableReason(const std::string& hca_filter = "");
 
+// What the RDMA transport sees on this host, for people (railshard-topo --rdma): the library,
+// each usable port (rate, link layer, MTU, LID, the GID and why), the ports left out and why,
+// and whether RDMA would be used. Never throws.
+std::string describeRdma(const std::string& hca_filter = "", int gid_index = -1);
+
 // Puts the RDMA transport in front of `control` (the TCP transport, already connected to every
 // peer), which keeps carrying heartbeats, failure reports and the traffic of pairs that do not
 // use RDMA. Collective over all ranks (store exchanges). Returns `control` unchanged when no
