@@ -385,11 +385,14 @@ TEST_F(OverEmulation, AFailedQueuePairIsPeerLostErrorWithTheVerbsStatusOnEveryRa
       std::rethrow_exception(errors[r]);
     } catch (const PeerLostError& e) {
       const std::string what = e.what();
-      // The first completion in error names it: the sender's "retry counter exceeded", or a
-      // receive flushed when the peer's side of the queue pair failed first.
+      // The first sign of the failure names it: the sender's "retry counter exceeded", a
+      // receive flushed when the peer's side of the queue pair failed first, or the queue
+      // pair's asynchronous error event, whichever the progress thread saw first.
       if (what.find("RDMA rail") != std::string::npos &&
           (what.find("completed with Transport Retry Counter Exceeded") != std::string::npos ||
-           what.find("completed with Work Request Flushed Error") != std::string::npos)) {
+           what.find("completed with Work Request Flushed Error") != std::string::npos ||
+           what.find("asynchronous event local work queue catastrophic error") !=
+               std::string::npos)) {
         ++with_status;
       }
     } catch (const std::exception& e) {
