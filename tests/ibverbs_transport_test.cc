@@ -389,7 +389,7 @@ TEST_F(OverEmulation, AFailedQueuePairIsPeerLostErrorWithTheVerbsStatusOnEveryRa
       // receive flushed when the peer's side of the queue pair failed first, or the queue
       // pair's asynchronous error event, whichever the progress thread saw first.
       if (what.find("RDMA rail") != std::string::npos &&
-          (what.find("completed with Transport Retry Counter Exceeded") != std::string::npos ||
+          (what.find("completed with transport retry counter exceeded") != std::string::npos ||
            what.find("completed with Work Request Flushed Error") != std::string::npos ||
            what.find("asynchronous event local work queue catastrophic error") !=
                std::string::npos)) {
