@@ -20,7 +20,8 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRAILSHARD_SANIT
 cmake --build "$build" -j "$(nproc)"
 
 # Leaks inside third-party runtimes that allocate once per process and never free (OpenMPI
-# and the libraries it loads); railshard's own code gets no suppression.
+# and the libraries it loads; libibverbs and its providers, dlopen()ed by the RDMA transport
+# and never unloaded); railshard's own code gets no suppression.
 cat >"$build/lsan.supp" <<'SUPP'
 leak:libmpi.so
 leak:libopen-pal.so
@@ -29,6 +30,7 @@ leak:libpmix.so
 leak:libhwloc.so
 leak:libevent
 leak:mca_
+leak:libibverbs.so
 SUPP
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
