@@ -60,6 +60,7 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   pumpLocked(*peer);
   lock.unlock();
   raisePendingFailure();
+  if (poisoned_.load()) checkHealthy();  // a failure while posting is raised here, as over TCP
   return op;
 }
 
@@ -115,6 +116,7 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
   }
   lock.unlock();
   raisePendingFailure();
+  if (poisoned_.load()) checkHealthy();  // a mismatch with the early message is raised here
   return op;
 }
 
