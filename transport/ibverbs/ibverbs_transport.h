@@ -69,11 +69,6 @@ class IbverbsTransport : public Transport {
     control_->setTraceRank(world_rank);
   }
 
-  // Tests: the queue pair of lane `rail` to `peer` (its number, for the emulation's fault hooks).
-  uint32_t queuePairNumberForTesting(int peer, int rail) const;
-  // Payload bytes written over RDMA to `peer` on `rail`.
-  uint64_t bytesSentForTesting(int peer, int rail) const;
-
  private:
   // ibverbs_transport_connect.cc
   void openRails(const std::vector<HcaPort>& ports);

@@ -269,7 +269,6 @@ void IbverbsTransport::createQueuePair(Lane& lane) {
       throw Error("ibverbs: ibv_create_cq(" + std::to_string(entries) + ") on " + rail.port.device +
                   " failed: " + errnoText(errno));
     }
-    rail.cq_entries = entries;
   }
   ibv_qp_init_attr init{};
   init.send_cq = rail.cq;
@@ -332,7 +331,6 @@ void IbverbsTransport::teardown() {
   for (auto& rail : rails_) {
     rail->device_cache.reset();  // deregisters GPU memory before its protection domain goes
     if (rail->cq != nullptr) {
-      if (rail->unacked_events > 0) api_.ack_cq_events(rail->cq, rail->unacked_events);
       api_.destroy_cq(rail->cq);
     }
     if (rail->channel != nullptr) api_.destroy_comp_channel(rail->channel);
@@ -349,16 +347,6 @@ std::string IbverbsTransport::laneName(const Lane& lane) const {
   const Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
   return "RDMA rail " + rail.port.device + ":" + std::to_string(rail.port.port) + " to rank " +
          std::to_string(lane.peer);
-}
-
-uint32_t IbverbsTransport::queuePairNumberForTesting(int peer, int rail) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return peers_.at(static_cast<size_t>(peer))->lanes.at(static_cast<size_t>(rail))->qp->qp_num;
-}
-
-uint64_t IbverbsTransport::bytesSentForTesting(int peer, int rail) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return peers_.at(static_cast<size_t>(peer))->lanes.at(static_cast<size_t>(rail))->bytes_sent;
 }
 
 }  // namespace railshard::transport::ibverbs

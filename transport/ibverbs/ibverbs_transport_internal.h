@@ -44,8 +44,6 @@ struct IbverbsTransport::Rail {
   ibv_pd* pd = nullptr;
   ibv_comp_channel* channel = nullptr;
   ibv_cq* cq = nullptr;
-  int cq_entries = 0;
-  unsigned unacked_events = 0;  // acknowledged in batches; all before destroy
   // GPU buffers registered with this rail's protection domain (GPUDirect), made on first use.
   std::unique_ptr<RegistrationCache> device_cache;
 };
