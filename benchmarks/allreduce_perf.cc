@@ -11,6 +11,12 @@
 //   mpirun -np 4 allreduce_perf -b 8 -e 64M -f 4
 //   mpirun -np 4 allreduce_perf --backend mpi -b 8 -e 64M -f 4
 //   railshard-launch -n 4 allreduce_perf --backend gloo -b 8 -e 64M -f 4
+//   railshard-launch -n 4 allreduce_perf --device cuda -b 8 -e 64M -f 4
+//   railshard-launch -n 4 allreduce_perf --backend nccl -b 8 -e 64M -f 4
+//
+// --device cuda (and --backend nccl) put the buffers on each rank's GPU; the data are filled
+// and checked through host copies, and every timed loop ends with a stream synchronize, so
+// the time covers the device work, as nccl-tests' does.
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include "benchmarks/perf_progress.h"
 #include "benchmarks/perf_results.h"
 #include "core/base/error.h"
+#include "kernels/cuda/device_runtime.h"
 
 #ifndef RAILSHARD_VERSION_STRING
 #define RAILSHARD_VERSION_STRING "unknown"
@@ -54,27 +61,29 @@ PerfBackend::Combine combineFor(int average) {
 }
 
 PerfMeasurement runOne(PerfBackend& comm, const PerfOptions& options, size_t count, bool in_place,
-                       std::vector<uint8_t>& send, std::vector<uint8_t>& recv) {
-  const size_t bytes = count * sizeOf(options.dtype);
-  void* out = recv.data();
-  const void* in = in_place ? out : send.data();
+                       PerfBuffers& buffers) {
+  void* out = buffers.recv();
+  const void* in = in_place ? out : buffers.send();
   PerfMeasurement result;
   if (options.check) {
-    fillInput(in_place ? out : send.data(), count, options.dtype, options.op, comm.rank());
-    if (!in_place) std::memset(out, 0, bytes);
+    buffers.fill(count, options.dtype, options.op, comm.rank(), in_place);
     comm.allreduce(in, out, count, options.dtype, options.op);
+    comm.synchronize();
     const auto wrong =
-        static_cast<int64_t>(countWrong(out, count, options.dtype, options.op, comm.size()));
+        static_cast<int64_t>(buffers.wrong(count, options.dtype, options.op, comm.size()));
     result.wrong = static_cast<size_t>(comm.sumInt64(wrong));
   }
   for (int i = 0; i < options.warmup_iters; ++i) {
     comm.allreduce(in, out, count, options.dtype, options.op);
   }
+  comm.synchronize();
   comm.barrier();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < options.iters; ++i) {
     comm.allreduce(in, out, count, options.dtype, options.op);
   }
+  // Device work may still be queued (NCCL returns at enqueue): the time includes it.
+  comm.synchronize();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.seconds = comm.combine(elapsed / options.iters, combineFor(options.average));
@@ -122,6 +131,13 @@ std::ofstream openJson(const PerfOptions& options, PerfBackend& comm) {
   return file;
 }
 
+// "cpu", or "cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)" for device buffers.
+std::string deviceDescription(const PerfOptions& options) {
+  if (options.memory != MemoryKind::kDevice) return "cpu";
+  const int device = kernels::cuda::currentDevice();
+  return "cuda:" + std::to_string(device) + " " + kernels::cuda::deviceName(device);
+}
+
 int run(int argc, char** argv) {
   const PerfOptions options = parsePerfOptions(argc, argv);
   if (options.help) {
@@ -132,6 +148,8 @@ int run(int argc, char** argv) {
     std::printf("Backends built in:%s\n", built.c_str());
     return 0;
   }
+  // Before any rank starts: a backend that cannot take these buffers, or no GPU for them.
+  checkMemory(options);
   auto comm = makeBackend(options);
   // Before any output: a dtype or op this backend cannot run is an error, not a bad table.
   comm->checkSupported(options.dtype, options.op);
@@ -153,6 +171,9 @@ int run(int argc, char** argv) {
             : (std::to_string(options.step_bytes) + "(bytes)").c_str(),
         options.warmup_iters, options.iters, options.check ? 1 : 0);
     std::printf("#\n# Using %s\n", comm->describe().c_str());
+    std::printf("# memory: %s\n", options.memory == MemoryKind::kDevice
+                                      ? "cuda (device buffers; time after a stream synchronize)"
+                                      : "host");
     if (efficiency_known) {
       std::printf("# link limit: %g Gbit/s (%s); eff = in-place busbw x 8 / limit, in %%\n",
                   limit.gbps, limit.description.c_str());
@@ -165,8 +186,8 @@ int run(int argc, char** argv) {
   ::gethostname(host, sizeof(host) - 1);
   for (int r = 0; r < size; ++r) {
     if (r == rank) {
-      std::printf("#  Rank %2d Pid %6d on %10s device cpu\n", rank, static_cast<int>(::getpid()),
-                  host);
+      std::printf("#  Rank %2d Pid %6d on %10s device %s\n", rank, static_cast<int>(::getpid()),
+                  host, deviceDescription(options).c_str());
       std::fflush(stdout);
     }
     comm->barrier();
@@ -188,8 +209,7 @@ int run(int argc, char** argv) {
         efficiency_known ? "     (%)" : "");
   }
 
-  std::vector<uint8_t> send(std::max<size_t>(options.max_bytes, element));
-  std::vector<uint8_t> recv(send.size());
+  PerfBuffers buffers(std::max<size_t>(options.max_bytes, element), options.memory, comm->stream());
   const std::vector<size_t> sweep = sweepSizes(options);
   const bool progress_on = options.progress == PerfOptions::Progress::kAuto
                                ? stderrIsTerminal()
@@ -204,9 +224,9 @@ int run(int argc, char** argv) {
     row.count = sweep[i] / element;
     row.bytes = row.count * element;
     progress.show(i, row.bytes, "out-of-place");
-    row.out_of_place = runOne(*comm, options, row.count, false, send, recv);
+    row.out_of_place = runOne(*comm, options, row.count, false, buffers);
     progress.show(i, row.bytes, "in-place");
-    row.in_place = runOne(*comm, options, row.count, true, send, recv);
+    row.in_place = runOne(*comm, options, row.count, true, buffers);
     progress.clear();
     total_wrong += row.out_of_place.wrong + row.in_place.wrong;
     if (rank == 0) {

@@ -1,6 +1,10 @@
 #include "benchmarks/perf_backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "core/base/error.h"
+#include "kernels/cuda/device_runtime.h"
 
 namespace railshard::bench {
 
@@ -11,6 +15,9 @@ std::vector<std::string> builtBackends() {
 #endif
 #ifdef RAILSHARD_HAVE_GLOO
   names.push_back("gloo");
+#endif
+#ifdef RAILSHARD_HAVE_NCCL
+  names.push_back("nccl");
 #endif
   return names;
 }
@@ -48,8 +55,54 @@ std::unique_ptr<PerfBackend> makeBackend(const PerfOptions& options) {
         joined(builtBackends()));
 #endif
   }
+  if (name == "nccl") {
+#ifdef RAILSHARD_HAVE_NCCL
+    return makeNcclBackend(options);
+#else
+    throw ConfigError(
+        "--backend nccl: this allreduce_perf was built without NCCL (CMake found no nccl.h/"
+        "libnccl with a CUDA toolkit; see RAILSHARD_WITH_NCCL). Built: " +
+        joined(builtBackends()));
+#endif
+  }
   throw InvalidArgument("--backend: unknown backend '" + name +
-                        "' (known: railshard, mpi, gloo; built: " + joined(builtBackends()) + ")");
+                        "' (known: railshard, mpi, gloo, nccl; built: " + joined(builtBackends()) +
+                        ")");
+}
+
+void checkMemory(const PerfOptions& options) {
+  if (options.memory != MemoryKind::kDevice) return;
+  const std::string what = options.memory_given ? "--device cuda" : "--backend nccl";
+  if (options.backend == "mpi" || options.backend == "gloo") {
+    throwUnsupported(options.backend, "--device cuda", "it all-reduces host memory only");
+  }
+  const auto built = builtBackends();
+  if (std::find(built.begin(), built.end(), options.backend) == built.end()) {
+    return;  // makeBackend's error (unknown, or built without it) says more than "no GPU"
+  }
+  if (!kernels::cuda::available()) {
+    throw ConfigError(what + " needs a CUDA device: " + kernels::cuda::unavailableReason());
+  }
+}
+
+int selectDevice(int rank) {
+  int local = rank;
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "RAILSHARD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    const long parsed = std::strtol(value, &end, 10);
+    if (*end == '\0' && parsed >= 0) {
+      local = static_cast<int>(parsed);
+      break;
+    }
+  }
+  const int count = kernels::cuda::deviceCount();
+  if (count <= 0) throw ConfigError("no CUDA device: " + kernels::cuda::unavailableReason());
+  const int device = local % count;
+  kernels::cuda::setDevice(device);
+  return device;
 }
 
 void throwUnsupported(std::string_view backend, std::string_view what, std::string_view why) {

@@ -15,7 +15,7 @@
 namespace railshard::bench {
 
 // What allreduce_perf needs from a collective library, so that railshard and its peers (MPI,
-// Gloo) run the same sweep, fill and check the same data and print the same columns. Every
+// Gloo, NCCL) run the same sweep, fill and check the same data and print the same columns. Every
 // call is collective: all ranks make it, in the same order.
 class PerfBackend {
  public:
@@ -47,6 +47,12 @@ class PerfBackend {
   virtual void allreduce(const void* send, void* recv, size_t count, DataType dtype,
                          ReduceOp op) = 0;
   virtual void barrier() = 0;
+  // Device buffers (PerfOptions::memory kDevice, which only railshard and nccl accept): the
+  // stream allreduce() is ordered on, which allreduce_perf also copies its data in and out
+  // on, and a wait for everything enqueued on it. allreduce() may return before the device
+  // work is done; the timer stops after synchronize().
+  virtual void* stream() const { return nullptr; }
+  virtual void synchronize() {}
   virtual double combine(double value, Combine how) = 0;
   virtual int64_t sumInt64(int64_t value) = 0;
 
@@ -58,6 +64,17 @@ class PerfBackend {
   }
 };
 
+// Before any backend starts: InvalidArgument when options.backend cannot take buffers of
+// options.memory (mpi and gloo run on host memory only), ConfigError naming
+// kernels::cuda::unavailableReason() when device buffers are asked for and no GPU is usable.
+void checkMemory(const PerfOptions& options);
+
+// The GPU this rank uses with device buffers, made current: the local rank (from
+// OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK, RAILSHARD_LOCAL_RANK or SLURM_LOCALID, else `rank`)
+// modulo the number of devices. Backends call it once they know their rank, before they
+// create streams or communicators.
+int selectDevice(int rank);
+
 // Backends compiled into this binary, the default ("railshard") first.
 std::vector<std::string> builtBackends();
 
@@ -66,10 +83,11 @@ std::vector<std::string> builtBackends();
 std::unique_ptr<PerfBackend> makeBackend(const PerfOptions& options);
 
 // The per-backend constructors behind makeBackend; the optional ones exist only when CMake
-// found their library (RAILSHARD_HAVE_MPI, RAILSHARD_HAVE_GLOO).
+// found their library (RAILSHARD_HAVE_MPI, RAILSHARD_HAVE_GLOO, RAILSHARD_HAVE_NCCL).
 std::unique_ptr<PerfBackend> makeRailshardBackend(const PerfOptions& options);
 std::unique_ptr<PerfBackend> makeMpiBackend(const PerfOptions& options);
 std::unique_ptr<PerfBackend> makeGlooBackend(const PerfOptions& options);
+std::unique_ptr<PerfBackend> makeNcclBackend(const PerfOptions& options);  // RAILSHARD_HAVE_NCCL
 
 // The message every backend uses for a dtype or op it cannot run.
 [[noreturn]] void throwUnsupported(std::string_view backend, std::string_view what,

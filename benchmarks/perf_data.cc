@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/half.h"
 
 namespace railshard::bench {
@@ -106,6 +107,50 @@ size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op,
     if (!(std::fabs(got - expected) <= tolerance)) ++wrong;
   }
   return wrong;
+}
+
+PerfBuffers::PerfBuffers(size_t bytes, MemoryKind memory, void* stream)
+    : stream_(stream), host_send_(bytes), host_recv_(bytes) {
+  if (memory != MemoryKind::kDevice) return;
+  device_send_ = kernels::cuda::allocateDevice(bytes);
+  try {
+    device_recv_ = kernels::cuda::allocateDevice(bytes);
+  } catch (...) {
+    kernels::cuda::freeDevice(device_send_);
+    throw;
+  }
+}
+
+PerfBuffers::~PerfBuffers() {
+  if (device_send_ == nullptr) return;
+  try {
+    kernels::cuda::synchronizeStream(stream_);  // nothing may still write them
+    kernels::cuda::freeDevice(device_recv_);
+    kernels::cuda::freeDevice(device_send_);
+  } catch (...) {
+    // A failed device is already being reported; freeing is best effort.
+  }
+}
+
+void PerfBuffers::fill(size_t count, DataType dtype, ReduceOp op, int rank, bool in_place) {
+  const size_t bytes = count * sizeOf(dtype);
+  std::vector<uint8_t>& host = in_place ? host_recv_ : host_send_;
+  fillInput(host.data(), count, dtype, op, rank);
+  if (!in_place) std::memset(host_recv_.data(), 0, bytes);
+  if (device_send_ == nullptr) return;
+  void* device = in_place ? device_recv_ : device_send_;
+  kernels::cuda::copyAsync(device, host.data(), bytes, stream_);
+  if (!in_place) kernels::cuda::memsetAsync(device_recv_, 0, bytes, stream_);
+  // The host buffers are reused for the check; the data must be on the device first.
+  kernels::cuda::synchronizeStream(stream_);
+}
+
+size_t PerfBuffers::wrong(size_t count, DataType dtype, ReduceOp op, int size) {
+  if (device_recv_ != nullptr) {
+    kernels::cuda::copyAsync(host_recv_.data(), device_recv_, count * sizeOf(dtype), stream_);
+    kernels::cuda::synchronizeStream(stream_);
+  }
+  return countWrong(host_recv_.data(), count, dtype, op, size);
 }
 
 }  // namespace railshard::bench

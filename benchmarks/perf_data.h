@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/base/types.h"
 
@@ -13,5 +14,33 @@ namespace railshard::bench {
 void fillInput(void* buffer, size_t count, DataType dtype, ReduceOp op, int rank);
 // Number of elements of `result` that differ from the reduction over `size` ranks.
 size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op, int size);
+
+// The send and receive buffers of a sweep, `bytes` each, in host memory or on the current CUDA
+// device (allocated there, so select the device first). Device buffers are filled and checked
+// through host buffers with the same data and checks as host mode, copied on `stream` (the
+// backend's) outside the timed loop.
+class PerfBuffers {
+ public:
+  PerfBuffers(size_t bytes, MemoryKind memory, void* stream);
+  ~PerfBuffers();
+  PerfBuffers(const PerfBuffers&) = delete;
+  PerfBuffers& operator=(const PerfBuffers&) = delete;
+
+  // What the collective reads and writes.
+  void* send() { return device_send_ != nullptr ? device_send_ : host_send_.data(); }
+  void* recv() { return device_recv_ != nullptr ? device_recv_ : host_recv_.data(); }
+
+  // In place: recv() gets rank's input. Out of place: send() gets it and recv() is zeroed.
+  void fill(size_t count, DataType dtype, ReduceOp op, int rank, bool in_place);
+  // countWrong() of recv() once the work on the stream is done.
+  size_t wrong(size_t count, DataType dtype, ReduceOp op, int size);
+
+ private:
+  void* stream_;
+  std::vector<uint8_t> host_send_;
+  std::vector<uint8_t> host_recv_;
+  void* device_send_ = nullptr;
+  void* device_recv_ = nullptr;
+};
 
 }  // namespace railshard::bench

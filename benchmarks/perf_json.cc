@@ -23,6 +23,7 @@ void writePerfJson(std::ostream& out, const PerfOptions& options, const PerfRunI
       {"warmup", options.warmup_iters},
       {"check", options.check},
       {"average", options.average},
+      {"memory", std::string(memoryName(options.memory))},
   };
   if (options.step_factor > 0) {
     config["step_factor"] = options.step_factor;

@@ -31,6 +31,15 @@ size_t parseSize(const std::string& option, const std::string& value) {
 
 namespace {
 
+// --device's values; -d accepts them too (see perfUsage()).
+bool parseMemory(const std::string& value, MemoryKind& memory) {
+  if (value == "host" || value == "cuda") {
+    memory = value == "host" ? MemoryKind::kHost : MemoryKind::kDevice;
+    return true;
+  }
+  return false;
+}
+
 int parseInt(const std::string& option, const std::string& value, int min, int max) {
   char* end = nullptr;
   const long number = std::strtol(value.c_str(), &end, 10);
@@ -42,6 +51,10 @@ int parseInt(const std::string& option, const std::string& value, int min, int m
 }
 
 }  // namespace
+
+std::string_view memoryName(MemoryKind memory) {
+  return memory == MemoryKind::kDevice ? "cuda" : "host";
+}
 
 std::vector<size_t> sweepSizes(const PerfOptions& options) {
   std::vector<size_t> sizes;
@@ -67,10 +80,17 @@ std::string perfUsage() {
          "  -c, --check 0|1        validate results (default 1)\n"
          "  -d, --datatype T       float, double, half, bfloat16, int32, int64, uint8 (default "
          "float)\n"
+         "  --device host|cuda     where the buffers live (default host); cuda: this rank's GPU\n"
+         "                         (local rank modulo the GPUs), data copied in and out for the\n"
+         "                         checks, time taken after synchronizing the stream. -d cuda and\n"
+         "                         -d host mean the same (no datatype has those names; any other\n"
+         "                         -d value is the datatype, as in nccl-tests)\n"
          "  -o, --op OP            sum, prod, min, max, avg (default sum)\n"
          "  -a, --average 0..3     report rank 0's (0), mean (1), min (2) or max (3) time\n"
-         "  --backend NAME         railshard (default), mpi or gloo: the library that runs\n"
-         "                         the all-reduce; same sizes, data, checks and columns\n"
+         "  --backend NAME         railshard (default), mpi, gloo or nccl: the library that runs\n"
+         "                         the all-reduce; same sizes, data, checks and columns.\n"
+         "                         mpi and gloo take host buffers only; nccl device buffers\n"
+         "                         only (it implies --device cuda)\n"
          "  --gloo-algo A          gloo only: ring (gloo::allreduce), hd (halving-doubling)\n"
          "                         or auto (hd below 4 MiB, ring from there; default)\n"
          "  -J, --json FILE        rank 0 also writes the configuration, link limit and\n"
@@ -122,6 +142,13 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
       options.warmup_iters = parseInt(key, value, 0, 1 << 24);
     } else if (key == "-c" || key == "--check") {
       options.check = parseInt(key, value, 0, 1) == 1;
+    } else if (key == "--device") {
+      if (!parseMemory(value, options.memory)) {
+        throw InvalidArgument(key + ": expected host or cuda, got '" + value + "'");
+      }
+      options.memory_given = true;
+    } else if (key == "-d" && parseMemory(value, options.memory)) {
+      options.memory_given = true;  // nccl-tests' -d is the datatype; host/cuda name none
     } else if (key == "-d" || key == "--datatype") {
       const auto dtype = parseDataType(value);
       if (!dtype) throw InvalidArgument(key + ": unknown datatype '" + value + "'");
@@ -153,6 +180,15 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
     } else {
       throw InvalidArgument("unknown option '" + arg + "'\n" + perfUsage());
     }
+  }
+  if (options.backend == "nccl") {
+    // NCCL all-reduces device memory only; staging through the host would measure copies.
+    if (options.memory_given && options.memory == MemoryKind::kHost) {
+      throw InvalidArgument(
+          "--backend nccl runs on device buffers only: drop --device host (nccl implies "
+          "--device cuda)");
+    }
+    options.memory = MemoryKind::kDevice;
   }
   if (!step_factor_set && options.step_bytes == 0) {
     throw InvalidArgument("-i: step must be > 0");

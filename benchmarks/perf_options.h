@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/types.h"
@@ -20,16 +21,24 @@ struct PerfOptions {
   DataType dtype = DataType::kFloat32;  // -d
   ReduceOp op = ReduceOp::kSum;         // -o
   int average = 1;                      // -a: 0 rank 0's time, 1 mean, 2 min, 3 max over ranks
-  std::string backend = "railshard";    // --backend: railshard, mpi or gloo
-  std::string gloo_algo = "auto";       // --gloo-algo: ring, hd or auto
-  std::string json_path;                // -J: rank 0 writes the results there as JSON
-  double link_gbps = 0;                 // --link-gbps: efficiency's limit; 0 = the topology's
+  std::string backend = "railshard";    // --backend: railshard, mpi, gloo or nccl
+  // --device host|cuda (also -d host|cuda): where the buffers live. kDevice: on this rank's
+  // GPU, filled and checked through host copies, timed after the stream is synchronized.
+  // --backend nccl implies kDevice.
+  MemoryKind memory = MemoryKind::kHost;
+  bool memory_given = false;       // --device (or -d host|cuda) was on the command line
+  std::string gloo_algo = "auto";  // --gloo-algo: ring, hd or auto
+  std::string json_path;           // -J: rank 0 writes the results there as JSON
+  double link_gbps = 0;            // --link-gbps: efficiency's limit; 0 = the topology's
   // --progress / --no-progress: the sweep's progress line on stderr; by default only when
   // stderr is a terminal, so logs and tests stay clean.
   enum class Progress { kAuto, kOn, kOff };
   Progress progress = Progress::kAuto;
   bool help = false;
 };
+
+// "host" or "cuda", as --device spells them.
+std::string_view memoryName(MemoryKind memory);
 
 // Parses argv; throws InvalidArgument naming the bad option and value.
 PerfOptions parsePerfOptions(int argc, char** argv);

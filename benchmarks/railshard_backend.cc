@@ -1,5 +1,7 @@
 // --backend railshard (the default): the world Communicator that init() builds from whatever
-// launched the process (railshard-launch, mpirun, Slurm, torchrun).
+// launched the process (railshard-launch, mpirun, Slurm, torchrun). With --device cuda the
+// buffers are on this rank's GPU and every all-reduce is ordered on one stream of ours
+// (Communicator::Placement); the communicator picks its device path.
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "core/base/error.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
+#include "kernels/cuda/device_runtime.h"
 #include "launcher/init.h"
 
 namespace railshard::bench {
@@ -15,7 +18,19 @@ namespace {
 
 class RailshardBackend : public PerfBackend {
  public:
-  RailshardBackend() : comm_(init()) {}
+  explicit RailshardBackend(const PerfOptions& options) : comm_(init()) {
+    if (options.memory != MemoryKind::kDevice) return;
+    device_ = selectDevice(comm_->rank());
+    stream_ = kernels::cuda::createStream();
+  }
+  ~RailshardBackend() override {
+    if (stream_ == nullptr) return;
+    try {
+      kernels::cuda::destroyStream(stream_);
+    } catch (...) {
+      // Teardown after a device failure; the failure itself is what gets reported.
+    }
+  }
 
   std::string_view name() const override { return "railshard"; }
   std::string describe() const override {
@@ -23,7 +38,8 @@ class RailshardBackend : public PerfBackend {
     return std::string("railshard over ") + (comm_->usesSharedMemory() ? "shm" : "tcp") +
            " (RAILSHARD_TRANSPORT=" + comm_->config().transport + "), " +
            std::to_string(comm_->size()) + " ranks, chunk " +
-           std::to_string(comm_->config().chunk_bytes) + " bytes";
+           std::to_string(comm_->config().chunk_bytes) + " bytes" +
+           (device_ >= 0 ? ", device buffers on cuda:" + std::to_string(device_) : "");
   }
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
@@ -64,9 +80,18 @@ class RailshardBackend : public PerfBackend {
   void checkSupported(DataType, ReduceOp) const override {}
 
   void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op) override {
-    comm_->allreduce(send, recv, count, dtype, op);
+    if (stream_ == nullptr) {
+      comm_->allreduce(send, recv, count, dtype, op);
+    } else {
+      comm_->allreduce(send, recv, count, dtype, op,
+                       Communicator::Placement{MemoryKind::kDevice, stream_});
+    }
   }
   void barrier() override { comm_->barrier(); }
+  void* stream() const override { return stream_; }
+  void synchronize() override {
+    if (stream_ != nullptr) kernels::cuda::synchronizeStream(stream_);
+  }
 
   double combine(double value, Combine how) override {
     switch (how) {
@@ -92,12 +117,14 @@ class RailshardBackend : public PerfBackend {
 
  private:
   std::unique_ptr<Communicator> comm_;
+  int device_ = -1;                         // with device buffers: the GPU selectDevice() chose
+  kernels::cuda::Stream stream_ = nullptr;  // with device buffers: ours, non-blocking
 };
 
 }  // namespace
 
-std::unique_ptr<PerfBackend> makeRailshardBackend(const PerfOptions&) {
-  return std::make_unique<RailshardBackend>();
+std::unique_ptr<PerfBackend> makeRailshardBackend(const PerfOptions& options) {
+  return std::make_unique<RailshardBackend>(options);
 }
 
 }  // namespace railshard::bench

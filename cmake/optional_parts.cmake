@@ -39,28 +39,58 @@ else()
   railshard_part_result(MPI FALSE "no MPI C library (apt-get install libopenmpi-dev)")
 endif()
 
-# CUDA toolkit (nvcc + runtime).
+# CUDA toolkit (nvcc + runtime). Both are needed: the runtime for kernels/cuda/device_runtime.cc
+# and a working nvcc for kernels/cuda/reduce_kernels.cu. check_language() compiles a test
+# project, so an nvcc that exists but cannot build (e.g. an unsupported host compiler) counts as
+# missing instead of failing the whole configure. /usr/local/cuda/bin/nvcc is tried when nothing
+# else names a compiler, since it is rarely on PATH.
 if(NOT RAILSHARD_WITH_CUDA STREQUAL "OFF")
-  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
+     AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
   endif()
+  include(CheckLanguage)
+  check_language(CUDA)
   find_package(CUDAToolkit QUIET)
 endif()
-if(CUDAToolkit_FOUND)
-  railshard_part_result(CUDA TRUE "CUDA ${CUDAToolkit_VERSION} at ${CUDAToolkit_BIN_DIR}")
+if(CUDAToolkit_FOUND AND CMAKE_CUDA_COMPILER)
+  railshard_part_result(CUDA TRUE
+    "CUDA ${CUDAToolkit_VERSION} at ${CUDAToolkit_BIN_DIR} (nvcc ${CMAKE_CUDA_COMPILER})")
+elseif(CUDAToolkit_FOUND)
+  railshard_part_result(CUDA FALSE
+    "CUDA ${CUDAToolkit_VERSION} runtime at ${CUDAToolkit_LIBRARY_DIR} but no working nvcc (set CUDACXX or CMAKE_CUDA_COMPILER; clear a cached CMAKE_CUDA_COMPILER-NOTFOUND)")
 else()
-  railshard_part_result(CUDA FALSE "no CUDA toolkit")
+  railshard_part_result(CUDA FALSE "no CUDA toolkit (nvcc + runtime)")
+endif()
+if(RAILSHARD_HAVE_CUDA)
+  # sm_80 (A100) and sm_90 (H100/H200) machine code, plus compute_90 PTX that newer GPUs
+  # compile at load time. Each entry adds a full set of kernels to librailshard.so.
+  set(RAILSHARD_CUDA_ARCHITECTURES "80-real;90-real;90-virtual" CACHE STRING
+    "CUDA architectures for railshard's kernels (CMake CUDA_ARCHITECTURES syntax)")
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # Only so that enable_language() does not probe for a default; targets use the above.
+    set(CMAKE_CUDA_ARCHITECTURES ${RAILSHARD_CUDA_ARCHITECTURES})
+  endif()
+  # The .cu files are C++17: CMake 3.25 knows no C++20 flag for nvcc, and without this every
+  # target holding CUDA objects would inherit CXX_STANDARD 20 as its CUDA dialect and fail.
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
+  enable_language(CUDA)
 endif()
 
-# NCCL (inside CUDA's tree here).
+# NCCL (inside CUDA's tree here). Its headers and library are only looked up: railshard opens
+# libnccl.so.2 at run time (core/collectives/nccl_api.h); NCCL needs the CUDA part.
 if(NOT RAILSHARD_WITH_NCCL STREQUAL "OFF")
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})
   find_library(NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib64 ${CUDAToolkit_LIBRARY_DIR})
 endif()
-if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND CUDAToolkit_FOUND)
+if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND RAILSHARD_HAVE_CUDA)
   railshard_part_result(NCCL TRUE "${NCCL_LIBRARY}")
+elseif(NOT RAILSHARD_HAVE_CUDA)
+  railshard_part_result(NCCL FALSE "needs the CUDA part, which is off")
 else()
-  railshard_part_result(NCCL FALSE "no nccl.h/libnccl (or no CUDA)")
+  railshard_part_result(NCCL FALSE "no nccl.h/libnccl")
 endif()
 
 # ibverbs headers (the library itself is loaded at run time).

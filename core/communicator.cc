@@ -14,8 +14,10 @@
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"
+#include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/tuner.h"
+#include "core/hierarchical_allreduce.h"
 #include "core/progress_publisher.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
@@ -417,7 +419,7 @@ std::string Communicator::explainTimeout(const transport::MessageTag& tag, doubl
 
 template <typename Fn>
 void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_t bytes,
-                       const char* algorithm, Fn&& fn) {
+                       const char* algorithm, Fn&& fn, bool over_transport) {
   if (publisher_) publisher_->entered(tag.sequence, collectiveName(tag));
   if (shm_) shm_->setTimeout(timeout);
   const trace::ScopedRank trace_rank(worldRank());
@@ -444,7 +446,7 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
   collective_start_ = start;
   auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   try {
-    if (shm_) {
+    if (shm_ && !over_transport) {
       transport_->checkHealthy();
     } else {
       transport_->enterCollective(tag);
@@ -465,13 +467,22 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
   if (metrics_) countCollective(collectiveName(tag), algorithm, bytes, waited());
 }
 
+void Communicator::runOverTransport(const transport::MessageTag& tag, Duration timeout,
+                                    size_t bytes, const char* algorithm,
+                                    const std::function<void(const collectives::Context&)>& fn) {
+  run(tag, timeout, bytes, algorithm, fn, true);
+}
+
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
-                             ReduceOp op, Timeout timeout) {
+                             ReduceOp op, const Placement& placement, Timeout timeout) {
   checkUsable("allreduce");
   checkTypes("allreduce", dtype, op);
   checkBuffer("allreduce", "send", send, count, dtype);
   checkBuffer("allreduce", "recv", recv, count, dtype);
   const Duration deadline = timeoutFor("allreduce", timeout);
+  if (onDevice("allreduce", placement, send, recv)) {
+    return allreduceOnDevice(send, recv, count, dtype, op, placement.stream, deadline);
+  }
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
   if (size_ == 1) {
     last_algorithm_ = "local";
@@ -515,12 +526,15 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
 }
 
 void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
-                                 ReduceOp op, Timeout timeout) {
+                                 ReduceOp op, const Placement& placement, Timeout timeout) {
   checkUsable("reduce_scatter");
   checkTypes("reduce_scatter", dtype, op);
   checkBuffer("reduce_scatter", "send", send, recv_count * static_cast<size_t>(size_), dtype);
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
   const Duration deadline = timeoutFor("reduce_scatter", timeout);
+  if (onDevice("reduce_scatter", placement, send, recv)) {
+    return reduceScatterOnDevice(send, recv, recv_count, dtype, op, placement.stream, deadline);
+  }
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
   const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
   run(tag, deadline, bytes, shm_ ? "shm" : "ring", [&](const collectives::Context& context) {
@@ -530,12 +544,15 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
 }
 
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
-                             Timeout timeout) {
+                             const Placement& placement, Timeout timeout) {
   checkUsable("allgather");
   checkTypes("allgather", dtype, ReduceOp::kSum);
   checkBuffer("allgather", "send", send, send_count, dtype);
   checkBuffer("allgather", "recv", recv, send_count * static_cast<size_t>(size_), dtype);
   const Duration deadline = timeoutFor("allgather", timeout);
+  if (onDevice("allgather", placement, send, recv)) {
+    return allgatherOnDevice(send, recv, send_count, dtype, placement.stream, deadline);
+  }
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
   const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
@@ -546,7 +563,7 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                             Timeout timeout) {
+                             const Placement& placement, Timeout timeout) {
   checkUsable("broadcast");
   checkTypes("broadcast", dtype, ReduceOp::kSum);
   if (root < 0 || root >= size_) {
@@ -556,6 +573,10 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   if (rank_ == root) checkBuffer("broadcast", "send", send, count, dtype);
   checkBuffer("broadcast", "recv", recv, count, dtype);
   const Duration deadline = timeoutFor("broadcast", timeout);
+  // Only the root's send buffer is read; elsewhere it may be anything (often null).
+  if (onDevice("broadcast", placement, rank_ == root ? send : nullptr, recv)) {
+    return broadcastOnDevice(send, recv, count, dtype, root, placement.stream, deadline);
+  }
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
   run(tag, deadline, count * sizeOf(dtype), shm_ ? "shm" : "chain",

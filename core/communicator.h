@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,7 +29,10 @@ class Topology;
 namespace collectives {
 class Workspace;
 class ShmEngine;
+struct Context;
+class CudaDeviceOps;
 }  // namespace collectives
+class HierarchicalAllreduce;
 class ProgressPublisher;
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
@@ -66,6 +70,17 @@ class Communicator {
   using Timeout = std::chrono::milliseconds;
   static constexpr Timeout kDefaultTimeout{-1};
 
+  // Where a call's buffers live and, for device buffers, the CUDA stream it is ordered on
+  // (docs/gpu.md). Device collectives are ordered on `stream` as NCCL's are: they start after
+  // the work enqueued on it before the call, and work enqueued on it after the call sees the
+  // results. The call itself blocks the host until this rank's transfers are done (the last
+  // device copies and reductions may still be queued on the stream when it returns). Every
+  // buffer of one call must be of the same kind; a host/device mix is an InvalidArgument.
+  struct Placement {
+    MemoryKind memory = MemoryKind::kAuto;
+    void* stream = nullptr;  // cudaStream_t; nullptr = the legacy default stream
+  };
+
   // Connects to every peer through `store` (address exchange) and returns when the mesh is
   // up. The store must outlive this call only.
   static std::unique_ptr<Communicator> create(Store& store, const Options& options);
@@ -78,20 +93,36 @@ class Communicator {
   const Config& config() const { return config_; }
 
   void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                 Timeout timeout = kDefaultTimeout);
+                 Timeout timeout = kDefaultTimeout) {
+    allreduce(send, recv, count, dtype, op, Placement{}, timeout);
+  }
+  void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                 const Placement& placement, Timeout timeout = kDefaultTimeout);
   void allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op,
                  Timeout timeout = kDefaultTimeout) {
     allreduce(buffer, buffer, count, dtype, op, timeout);
   }
   // send: size() * recv_count elements; recv: recv_count elements (block rank()).
   void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op,
-                     Timeout timeout = kDefaultTimeout);
+                     Timeout timeout = kDefaultTimeout) {
+    reduceScatter(send, recv, recv_count, dtype, op, Placement{}, timeout);
+  }
+  void reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op,
+                     const Placement& placement, Timeout timeout = kDefaultTimeout);
   // send: send_count elements; recv: size() * send_count elements, rank r's at block r.
   void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
-                 Timeout timeout = kDefaultTimeout);
+                 Timeout timeout = kDefaultTimeout) {
+    allgather(send, recv, send_count, dtype, Placement{}, timeout);
+  }
+  void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                 const Placement& placement, Timeout timeout = kDefaultTimeout);
   // `send` is read on the root only; every rank's `recv` receives the root's data.
   void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                 Timeout timeout = kDefaultTimeout);
+                 Timeout timeout = kDefaultTimeout) {
+    broadcast(send, recv, count, dtype, root, Placement{}, timeout);
+  }
+  void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                 const Placement& placement, Timeout timeout = kDefaultTimeout);
   void broadcast(void* buffer, size_t count, DataType dtype, int root,
                  Timeout timeout = kDefaultTimeout) {
     broadcast(buffer, buffer, count, dtype, root, timeout);
@@ -158,9 +189,37 @@ class Communicator {
   // TimeoutError into one that names the collective, the lost or missing ranks and the time
   // waited.
   // `bytes` and `algorithm` describe the call in its trace event.
+  // over_transport: the collective runs over the transport even when shared memory is set up
+  // (device buffers), so the transport checks its header on entry.
   template <typename Fn>
   void run(const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
-           Fn&& fn);
+           Fn&& fn, bool over_transport = false);
+  // run() for core/communicator_device.cc, which cannot see run's definition.
+  void runOverTransport(const transport::MessageTag& tag, Duration timeout, size_t bytes,
+                        const char* algorithm,
+                        const std::function<void(const collectives::Context&)>& fn);
+
+  // --- device buffers (core/communicator_device.cc, docs/gpu.md) ---
+  // True when the call's buffers are device memory (placement.memory, or asked of CUDA for
+  // kAuto); ConfigError for kDevice without CUDA, InvalidArgument for a host/device mix.
+  // Null buffers (count 0, a non-root's broadcast send) do not count.
+  bool onDevice(const char* collective, const Placement& placement, const void* send,
+                const void* recv) const;
+  void allreduceOnDevice(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                         void* stream, Duration timeout);
+  void reduceScatterOnDevice(const void* send, void* recv, size_t recv_count, DataType dtype,
+                             ReduceOp op, void* stream, Duration timeout);
+  void allgatherOnDevice(const void* send, void* recv, size_t send_count, DataType dtype,
+                         void* stream, Duration timeout);
+  void broadcastOnDevice(const void* send, void* recv, size_t count, DataType dtype, int root,
+                         void* stream, Duration timeout);
+  // The staging machinery for `device`, made on first use.
+  collectives::CudaDeviceOps& deviceOps(int device);
+  // The two-level all-reduce, decided (collectively, through the store) on the first device
+  // all-reduce; null when it cannot run here (hierarchical_why_ says why).
+  HierarchicalAllreduce* hierarchical(int device, Duration timeout);
+  // Host of every rank, by rank: from the cluster graph, else exchanged through the store.
+  std::vector<std::string> hostOfEveryRank(Duration timeout);
   std::string explainLoss(const transport::MessageTag& tag, double waited,
                           const std::string& error);
   std::string explainTimeout(const transport::MessageTag& tag, double waited,
@@ -203,6 +262,12 @@ class Communicator {
   int trace_provider_ = 0;  // trace metadata provider id, 0 = none
   bool metrics_ = false;    // RAILSHARD_METRICS set: count collectives
   int metrics_collector_ = 0;
+  // Device buffers (core/communicator_device.cc).
+  std::unique_ptr<collectives::CudaDeviceOps> device_ops_;
+  int device_ops_device_ = -1;
+  std::unique_ptr<HierarchicalAllreduce> hierarchical_;
+  bool hierarchical_decided_ = false;
+  std::string hierarchical_why_;
 };
 
 }  // namespace railshard

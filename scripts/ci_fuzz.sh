@@ -11,7 +11,8 @@ seconds=${RAILSHARD_FUZZ_SECONDS:-60}
 "$root/scripts/install_deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRAILSHARD_FUZZ=ON -DRAILSHARD_BUILD_TESTS=OFF \
-  -DRAILSHARD_BUILD_BENCHMARKS=OFF -DRAILSHARD_WITH_TORCH=OFF >/dev/null
+  -DRAILSHARD_BUILD_BENCHMARKS=OFF -DRAILSHARD_WITH_TORCH=OFF -DRAILSHARD_WITH_CUDA=OFF \
+  -DRAILSHARD_WITH_NCCL=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target railshard_fuzzers
 
 mkdir -p "$build/artifacts"

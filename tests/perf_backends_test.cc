@@ -156,10 +156,10 @@ TEST(PerfBackends, GlooRejectsBfloat16Clearly) {
 
 TEST(PerfBackends, UnknownBackendNamesWhatIsBuilt) {
   if (kPerf.empty()) GTEST_SKIP() << "allreduce_perf is not built";
-  auto r = test::runProcess({kPerf, "--backend", "nccl", "-b", "8", "-e", "8"}, {},
+  auto r = test::runProcess({kPerf, "--backend", "rccl", "-b", "8", "-e", "8"}, {},
                             std::chrono::seconds(30));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("unknown backend 'nccl'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown backend 'rccl'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("built: railshard"), std::string::npos) << r.err;
 }
 

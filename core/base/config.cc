@@ -144,6 +144,18 @@ const std::vector<Config::Variable>& Config::variables() {
          }
          c.transport = v;
        }},
+      {"RAILSHARD_NCCL", "auto",
+       "Device all-reduces with several ranks per host: auto (NCCL inside each host and railshard "
+       "between hosts when every rank can load NCCL and every host has the same number of "
+       "ranks; else pinned-host staging), on (the same, but an error naming why when it cannot) "
+       "or off (always staging). docs/gpu.md.",
+       [](Config& c, const std::string& v) {
+         if (v != "auto" && v != "on" && v != "off") {
+           throw ConfigError("RAILSHARD_NCCL: unknown value '" + v +
+                             "' (expected auto, on or off)");
+         }
+         c.nccl = v;
+       }},
       {"RAILSHARD_IB_HCA", "(every device)",
        "RDMA ports to use as rails, comma-separated device names with an optional port: "
        "mlx5_0,mlx5_1:1. Lane r to a peer joins this rank's r-th port to the peer's r-th.",
@@ -334,10 +346,10 @@ std::string Config::describe() const {
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
       << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << transport << " algorithm=" << algorithm
-      << " shm_slot_bytes=" << shm_slot_bytes << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca)
-      << " ib_gid_index=" << ib_gid_index << " ib_timeout=" << ib_timeout
-      << " ib_retry_cnt=" << ib_retry_cnt << " ib_slots=" << ib_slots
-      << " ib_slot_bytes=" << ib_slot_bytes
+      << " nccl=" << nccl << " shm_slot_bytes=" << shm_slot_bytes
+      << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
+      << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
+      << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

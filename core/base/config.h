@@ -31,7 +31,9 @@ struct Config {
   int ib_slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
   size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
-  size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  // RAILSHARD_NCCL: auto | on | off — NCCL inside a host for device all-reduces (docs/gpu.md)
+  std::string nccl = "auto";
+  size_t shm_slot_bytes = 0;             // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here

@@ -30,6 +30,10 @@ enum class ReduceOp : uint8_t {
 };
 inline constexpr int kNumReduceOps = 5;
 
+// Where a collective's buffers live. kAuto asks CUDA (cudaPointerGetAttributes) when this
+// build has CUDA and a device is present; otherwise every buffer is host memory.
+enum class MemoryKind : uint8_t { kAuto = 0, kHost = 1, kDevice = 2 };
+
 size_t sizeOf(DataType dtype);
 // Short names as nccl-tests prints them ("float", "half", "bfloat16", "int32", ...).
 std::string_view name(DataType dtype);

@@ -266,7 +266,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::broadcast(
     auto buffer = std::make_shared<Staged>(tensors[0], "broadcast", getRank() == root);
     const auto timeout = deadline(opts.timeout);
     return enqueue(c10d::OpType::BROADCAST, tensors, [buffer, root, timeout](Communicator& c) {
-      c.broadcast(buffer->data(), buffer->count(), buffer->dtype(), root, timeout);
+      buffer->ready(timeout);
+      c.broadcast(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), root,
+                  buffer->placement(), timeout);
       buffer->finish();
     });
   });
@@ -280,7 +282,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce(
     auto buffer = std::make_shared<Staged>(tensors[0], "allreduce");
     const auto timeout = deadline(opts.timeout);
     return enqueue(c10d::OpType::ALLREDUCE, tensors, [buffer, op, timeout](Communicator& c) {
-      c.allreduce(buffer->data(), buffer->count(), buffer->dtype(), op, timeout);
+      buffer->ready(timeout);
+      c.allreduce(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), op,
+                  buffer->placement(), timeout);
       buffer->finish();
     });
   });
@@ -344,7 +348,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather(
     const at::Tensor& input = inputs[0];
     for (const auto& out : outputs[0])
       checkLike(out, input, input.numel(), "allgather", "an output");
-    auto send = std::make_shared<Staged>(input, "allgather");
+    auto send = std::make_shared<Staged>(input, "allgather", true, /*device_ok=*/false);
     const at::ScalarType wire = wireType(input.scalar_type(), "allgather");
     auto recv = std::make_shared<at::Tensor>(
         at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
@@ -362,8 +366,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   return guarded([&] {
     checkLike(output, input, getSize() * input.numel(), "allgather_into_tensor", "the output");
-    auto send = std::make_shared<Staged>(input, "allgather_into_tensor");
-    auto recv = std::make_shared<Staged>(output, "allgather_into_tensor", /*copy_in=*/false);
+    auto send = std::make_shared<Staged>(input, "allgather_into_tensor", true, /*device_ok=*/false);
+    auto recv = std::make_shared<Staged>(output, "allgather_into_tensor", /*copy_in=*/false,
+                                         /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
     return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [send, recv, timeout](Communicator& c) {
       c.allgather(send->data(), recv->data(), send->count(), send->dtype(), timeout);
@@ -391,7 +396,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
         checkLike(out, input, input.numel(), "gather", "an output");
       targets = outputs[0];
     }
-    auto send = std::make_shared<Staged>(input, "gather");
+    auto send = std::make_shared<Staged>(input, "gather", true, /*device_ok=*/false);
     const at::ScalarType wire = wireType(input.scalar_type(), "gather");
     auto recv = std::make_shared<at::Tensor>(
         at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
@@ -454,7 +459,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
     }
     const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
     auto send = std::make_shared<at::Tensor>(flatten(inputs[0], "reduce_scatter"));
-    auto recv = std::make_shared<Staged>(output, "reduce_scatter", /*copy_in=*/false);
+    auto recv = std::make_shared<Staged>(output, "reduce_scatter", /*copy_in=*/false,
+                                         /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
     return enqueue(c10d::OpType::REDUCE_SCATTER, outputs,
                    [send, recv, op, timeout](Communicator& c) {
@@ -470,8 +476,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_reduce_scatter_base(
   return guarded([&] {
     checkLike(input, output, getSize() * output.numel(), "reduce_scatter_tensor", "the input");
     const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor");
-    auto send = std::make_shared<Staged>(input, "reduce_scatter_tensor");
-    auto recv = std::make_shared<Staged>(output, "reduce_scatter_tensor", /*copy_in=*/false);
+    auto send = std::make_shared<Staged>(input, "reduce_scatter_tensor", true, /*device_ok=*/false);
+    auto recv = std::make_shared<Staged>(output, "reduce_scatter_tensor", /*copy_in=*/false,
+                                         /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
     return enqueue(
         c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [send, recv, op, timeout](Communicator& c) {

@@ -1,8 +1,11 @@
 #include "python/csrc/tensor_staging.h"
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "core/base/error.h"
+#include "kernels/cuda/device_runtime.h"
 
 namespace railshard::python {
 
@@ -69,11 +72,27 @@ ReduceOp reduceOpFor(const c10d::ReduceOp& op, at::ScalarType type, const char* 
                         " is not supported (SUM, AVG, PRODUCT, MIN and MAX are)");
 }
 
-Staged::Staged(const at::Tensor& tensor, const char* collective, bool copy_in) : original_(tensor) {
+bool deviceCollectivesAvailable() {
+  static const bool available = kernels::cuda::available();
+  return available;
+}
+
+Staged::Staged(const at::Tensor& tensor, const char* collective, bool copy_in, bool device_ok)
+    : original_(tensor) {
   const at::ScalarType wire = wireType(tensor.scalar_type(), collective);
   dtype_ = *nativeType(wire);
-  if (tensor.device().is_cpu() && tensor.is_contiguous() && wire == tensor.scalar_type()) {
+  const bool native = tensor.is_contiguous() && wire == tensor.scalar_type();
+  if (tensor.device().is_cpu() && native) {
     buffer_ = tensor;
+    return;
+  }
+  if (device_ok && tensor.device().is_cuda() && native && deviceCollectivesAvailable()) {
+    buffer_ = tensor;
+    // c10::Event goes through the CUDA device guard torch registers, so this compiles
+    // against CPU-only torch headers too and needs no libc10_cuda link.
+    ready_.emplace(c10::DeviceType::CUDA);
+    const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    ready_->record(guard->getStream(tensor.device()));
     return;
   }
   staged_ = true;
@@ -84,8 +103,41 @@ Staged::Staged(const at::Tensor& tensor, const char* collective, bool copy_in) :
   }
 }
 
+Communicator::Placement Staged::placement() const {
+  Communicator::Placement placement;
+  // Explicit kinds spare the communicator a pointer query per call. The stream is the legacy
+  // default stream: ready() already ordered the call after the tensor's producers, and
+  // finish() waits for the default stream, which the collective's device work joins.
+  placement.memory = onDevice() ? MemoryKind::kDevice : MemoryKind::kHost;
+  placement.stream = nullptr;
+  return placement;
+}
+
+void Staged::ready(std::chrono::milliseconds timeout) {
+  if (!ready_) return;
+  // Polled (torch 1.13's Event has no synchronize()), yielding: ranks may outnumber cores.
+  const auto start = std::chrono::steady_clock::now();
+  int polls = 0;
+  while (!ready_->query()) {
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      throw TimeoutError(
+          "railshard: the CUDA work that produces the tensor did not finish within " +
+          std::to_string(timeout.count() / 1000.0) + " s");
+    }
+    if (++polls < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
 void Staged::finish() {
-  if (staged_) original_.copy_(buffer_);
+  if (onDevice()) {
+    kernels::cuda::synchronizeStream(nullptr);
+  } else if (staged_) {
+    original_.copy_(buffer_);
+  }
 }
 
 std::string describe(const at::Tensor& tensor) {

@@ -1,11 +1,15 @@
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "core/base/types.h"
+#include "core/communicator.h"
 #include "python/csrc/torch_compat.h"
 
 namespace railshard::python {
@@ -23,19 +27,33 @@ at::ScalarType wireType(at::ScalarType type, const char* collective);
 // BXOR, PREMUL_SUM). AVG of a bool has no meaning and is refused too.
 ReduceOp reduceOpFor(const c10d::ReduceOp& op, at::ScalarType type, const char* collective);
 
-// A host buffer railshard can read and write for `tensor`: the tensor itself when it is a
-// contiguous CPU tensor of a native dtype, else a contiguous CPU copy in its wire type
-// (device tensors are staged through host memory: this backend moves bytes with host
-// transports). finish() writes a staged result back into the original tensor.
+// A buffer railshard can read and write for `tensor`:
+//  - the tensor itself when it is a contiguous CPU tensor of a native dtype;
+//  - the tensor itself when it is a contiguous CUDA tensor of a native dtype and this
+//    librailshard has CUDA with a usable device (device_ok): the collective then runs on
+//    device memory (docs/gpu.md). An event recorded on the tensor's current stream at
+//    construction (the caller's thread) orders it after the work that produced the tensor:
+//    ready() waits for it on the worker thread, finish() waits for the collective's device
+//    work, so the Work completes with the result in place (as ProcessGroupGloo's CUDA path
+//    does, the tensor must not be modified before the Work completes);
+//  - else a contiguous CPU copy in its wire type, written back by finish().
 class Staged {
  public:
-  Staged(const at::Tensor& tensor, const char* collective, bool copy_in = true);
+  Staged(const at::Tensor& tensor, const char* collective, bool copy_in = true,
+         bool device_ok = true);
   void* data() { return buffer_.data_ptr(); }
   size_t count() const { return static_cast<size_t>(buffer_.numel()); }
   DataType dtype() const { return dtype_; }
   at::Tensor& buffer() { return buffer_; }
   bool staged() const { return staged_; }
-  // Copies the result back when the buffer is a stand-in.
+  bool onDevice() const { return ready_.has_value(); }
+  // Where the buffer lives, for Communicator calls.
+  Communicator::Placement placement() const;
+  // Waits (on the calling thread) until the tensor's producers are done, at most `timeout`
+  // (TimeoutError); no-op on the host.
+  void ready(std::chrono::milliseconds timeout);
+  // Copies the result back when the buffer is a stand-in; waits for the device work when
+  // the buffer is device memory.
   void finish();
 
  private:
@@ -43,7 +61,12 @@ class Staged {
   at::Tensor buffer_;
   DataType dtype_;
   bool staged_ = false;
+  std::optional<c10::Event> ready_;  // set for device buffers
 };
+
+// Whether CUDA tensors can be reduced in place on the device by this build of librailshard
+// (CUDA compiled in and a device visible to it).
+bool deviceCollectivesAvailable();
 
 // "float32[1000] on cpu" for error messages.
 std::string describe(const at::Tensor& tensor);

@@ -1,0 +1,200 @@
+// Collectives on CUDA device buffers (docs/gpu.md): which calls take this path and how.
+//  - all-reduce with several ranks on a host, NCCL loadable everywhere and the same number of
+//    ranks per host: the two-level all-reduce (core/hierarchical_allreduce.h);
+//  - everything else: the staging algorithms (core/collectives/device_staging.h) over this
+//    communicator's transport — pinned host buffers on the wire, reductions on the device —
+//    ordered on the caller's stream through CudaDeviceOps.
+// The shared-memory engine is host memory only, so device collectives always run over the
+// transport (run's over_transport), with the same headers and deadlines as host ones.
+#include <string>
+
+#include "core/base/error.h"
+#include "core/base/logging.h"
+#include "core/collective_tag.h"
+#include "core/collectives/cuda_device_ops.h"
+#include "core/collectives/device_staging.h"
+#include "core/communicator.h"
+#include "core/hierarchical_allreduce.h"
+#include "core/topology/topology.h"
+#include "kernels/cuda/device_runtime.h"
+#include "transport/shm/host_identity.h"
+
+namespace railshard {
+namespace {
+
+namespace cuda = kernels::cuda;
+
+const char* kindName(cuda::PointerKind kind) {
+  return kind == cuda::PointerKind::kDevice ? "device" : "host";
+}
+
+// The device of a call's buffers; the current one when both are null (count 0).
+int deviceOf(const void* send, const void* recv) {
+  const void* any = recv != nullptr ? recv : send;
+  const int device = any != nullptr ? cuda::pointerDevice(any) : -1;
+  return device >= 0 ? device : cuda::currentDevice();
+}
+
+}  // namespace
+
+bool Communicator::onDevice(const char* collective, const Placement& placement, const void* send,
+                            const void* recv) const {
+  switch (placement.memory) {
+    case MemoryKind::kHost:
+      return false;
+    case MemoryKind::kDevice:
+      if (!cuda::available()) {
+        throw ConfigError(std::string(collective) + ": device buffers were given, but " +
+                          cuda::unavailableReason());
+      }
+      // A host pointer here would be read by copies and kernels as device memory: refuse it
+      // while the cost is one query.
+      for (const auto& [what, pointer] : {std::pair{"send", send}, std::pair{"recv", recv}}) {
+        if (pointer != nullptr && cuda::pointerKind(pointer) != cuda::PointerKind::kDevice) {
+          throw InvalidArgument(std::string(collective) + ": MemoryKind::kDevice, but " + what +
+                                " is host memory");
+        }
+      }
+      return true;
+    case MemoryKind::kAuto:
+      break;
+    default:
+      throw InvalidArgument(std::string(collective) + ": unknown memory kind " +
+                            std::to_string(static_cast<int>(placement.memory)));
+  }
+  // Without a usable device every pointer is host memory; asking CUDA costs about a
+  // microsecond, so host-only processes never do.
+  if (!cuda::available()) return false;
+  const cuda::PointerKind send_kind =
+      send != nullptr ? cuda::pointerKind(send) : cuda::PointerKind::kHost;
+  const cuda::PointerKind recv_kind =
+      recv != nullptr ? cuda::pointerKind(recv) : cuda::PointerKind::kHost;
+  if (send != nullptr && recv != nullptr && send_kind != recv_kind) {
+    throw InvalidArgument(std::string(collective) + ": send is " + kindName(send_kind) +
+                          " memory but recv is " + kindName(recv_kind) +
+                          " memory; both must be of one kind");
+  }
+  return (send != nullptr ? send_kind : recv_kind) == cuda::PointerKind::kDevice;
+}
+
+collectives::CudaDeviceOps& Communicator::deviceOps(int device) {
+  // One set of streams, events and staging buffers per communicator, rebuilt only when the
+  // caller moves to another device (rare: a rank normally owns one GPU).
+  if (!device_ops_ || device_ops_device_ != device) {
+    device_ops_.reset();
+    device_ops_ = std::make_unique<collectives::CudaDeviceOps>(device);
+    device_ops_device_ = device;
+  }
+  return *device_ops_;
+}
+
+std::vector<std::string> Communicator::hostOfEveryRank(Duration timeout) {
+  std::vector<std::string> hosts(static_cast<size_t>(size_));
+  if (topology_ != nullptr && topology_->worldSize() == size_) {
+    for (int r = 0; r < size_; ++r) hosts[static_cast<size_t>(r)] = topology_->rank(r).host;
+    return hosts;
+  }
+  const std::string prefix = key_prefix_ + "/device/host/";
+  store_->setString(prefix + std::to_string(rank_), transport::shm::hostIdentity(), timeout);
+  for (int r = 0; r < size_; ++r) {
+    hosts[static_cast<size_t>(r)] = store_->getString(prefix + std::to_string(r), timeout);
+  }
+  return hosts;
+}
+
+HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) {
+  if (hierarchical_decided_) return hierarchical_.get();
+  hierarchical_decided_ = true;
+  // Every rank reaches the same decision without talking when it needs no store round: the
+  // configuration and the store's presence are the same on every rank.
+  if (config_.nccl == "off") {
+    hierarchical_why_ = "RAILSHARD_NCCL=off";
+  } else if (store_ == nullptr) {
+    hierarchical_why_ = "the communicator was created without a store";
+  } else {
+    HierarchicalAllreduce::Params params;
+    params.store = store_;
+    params.key_prefix = key_prefix_;
+    params.rank = rank_;
+    params.size = size_;
+    params.hosts = hostOfEveryRank(timeout);
+    params.config = config_;
+    params.advertise_host = advertise_host_;
+    params.device = device;
+    hierarchical_ = HierarchicalAllreduce::create(params, hierarchical_why_);
+  }
+  if (hierarchical_) {
+    RS_LOG_INFO("rank {}: device all-reduce: {}", rank_, hierarchical_->describe());
+  } else {
+    if (config_.nccl == "on") {
+      throw ConfigError("RAILSHARD_NCCL=on, but the two-level all-reduce cannot run: " +
+                        hierarchical_why_);
+    }
+    RS_LOG_INFO("rank {}: device all-reduce: pinned-host staging ({})", rank_, hierarchical_why_);
+  }
+  return hierarchical_.get();
+}
+
+void Communicator::allreduceOnDevice(const void* send, void* recv, size_t count, DataType dtype,
+                                     ReduceOp op, void* stream, Duration timeout) {
+  const int device = deviceOf(send, recv);
+  if (size_ > 1) {
+    if (HierarchicalAllreduce* two_level = hierarchical(device, timeout)) {
+      ++sequence_;  // every rank takes this path alike: sequence numbers stay in step
+      last_algorithm_ = "hierarchical";
+      two_level->allreduce(send, recv, count, dtype, op, stream,
+                           std::chrono::duration_cast<Timeout>(timeout));
+      return;
+    }
+  }
+  const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
+  collectives::CudaDeviceOps& ops = deviceOps(device);
+  ops.begin(stream);
+  last_algorithm_ = size_ == 1 ? "device_local" : "device_ring";
+  runOverTransport(tag, timeout, count * sizeOf(dtype), last_algorithm_.data(),
+                   [&](const collectives::Context& context) {
+                     collectives::deviceRingAllreduce(context, ops, send, recv, count, dtype, op);
+                   });
+  ops.end(stream);
+}
+
+void Communicator::reduceScatterOnDevice(const void* send, void* recv, size_t recv_count,
+                                         DataType dtype, ReduceOp op, void* stream,
+                                         Duration timeout) {
+  const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
+  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(send, recv));
+  ops.begin(stream);
+  const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
+  runOverTransport(tag, timeout, bytes, "device_ring", [&](const collectives::Context& context) {
+    collectives::deviceRingReduceScatter(context, ops, send, recv, recv_count, dtype, op);
+  });
+  ops.end(stream);
+}
+
+void Communicator::allgatherOnDevice(const void* send, void* recv, size_t send_count,
+                                     DataType dtype, void* stream, Duration timeout) {
+  const auto tag =
+      makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
+  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(send, recv));
+  ops.begin(stream);
+  const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
+  runOverTransport(tag, timeout, bytes, "device_ring", [&](const collectives::Context& context) {
+    collectives::deviceAllgather(context, ops, send, recv, send_count, dtype);
+  });
+  ops.end(stream);
+}
+
+void Communicator::broadcastOnDevice(const void* send, void* recv, size_t count, DataType dtype,
+                                     int root, void* stream, Duration timeout) {
+  const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
+                           static_cast<uint32_t>(root));
+  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(rank_ == root ? send : nullptr, recv));
+  ops.begin(stream);
+  runOverTransport(tag, timeout, count * sizeOf(dtype), "device_chain",
+                   [&](const collectives::Context& context) {
+                     collectives::deviceBroadcast(context, ops, send, recv, count, dtype, root);
+                   });
+  ops.end(stream);
+}
+
+}  // namespace railshard

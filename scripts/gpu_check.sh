@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/gpu.md, as one script for a machine with an NVIDIA GPU (the CI
+# machines have none): build with CUDA, then
+#   1. the CUDA kernels against the CPU kernels, every dtype x op, odd lengths and offsets;
+#   2. kernel bandwidth against a device-to-device copy (scripts/gpu_check_kernels.sh);
+#   3. a 2-process all-reduce of device buffers on one GPU through the pinned-host staging
+#      path (allreduce_perf --device cuda under railshard-launch), next to host buffers, and
+#      NCCL itself in the same harness when there are two GPUs (NCCL refuses two ranks on one);
+#   4. the PyTorch backend with CUDA tensors (tests/python/test_cuda.py) when a python3 with a
+#      CUDA torch is found (RAILSHARD_PYTHON picks it).
+# Usage: scripts/gpu_check.sh [BUILD_DIR] ; results go to $OUT (default ./gpu-check-out).
+# Every step is bounded by `timeout`; a failing step is reported and the others still run.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-gpu}
+out=${OUT:-$root/gpu-check-out}
+mkdir -p "$out"
+status=0
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "gpu_check: === $name ==="
+  local t0=$SECONDS rc=0
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1 || rc=$?
+  echo "gpu_check: $name: exit $rc in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+  tail -n 40 "$out/$name.txt"
+  [ $rc -eq 0 ] || status=1
+}
+
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+python=${RAILSHARD_PYTHON:-python3}
+torch_opts=(-DRAILSHARD_WITH_TORCH=OFF)
+if "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  torch_opts=(-DRAILSHARD_WITH_TORCH=ON -DRAILSHARD_PYTHON="$(command -v "$python")")
+fi
+step configure 300 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DRAILSHARD_WITH_CUDA=ON "${torch_opts[@]}"
+targets=(railshard railshard-launch allreduce_perf cuda_kernels_test cuda_kernels_bench
+  device_staging_test)
+[ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ] && targets+=(railshard_torch)
+step build 900 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+
+step kernels 600 bash "$root/scripts/gpu_check_kernels.sh" "$build"
+step staging_test 300 "$build/tests/device_staging_test"
+
+perf=("$build/benchmarks/allreduce_perf" -b 1M -e 256M -f 4 -n 20 -w 5 -c 1)
+launch="$build/launcher/tools/railshard-launch"
+step allreduce_device_2ranks 300 "$launch" -n 2 -- "${perf[@]}" --device cuda \
+  -J "$out/allreduce_device_2ranks.json"
+step allreduce_device_2ranks_bf16 300 "$launch" -n 2 -- "${perf[@]}" --device cuda -d bfloat16
+step allreduce_host_2ranks 300 "$launch" -n 2 -- "${perf[@]}" --device host
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  step allreduce_nccl_2ranks 300 "$launch" -n 2 -- "${perf[@]}" --backend nccl
+  step allreduce_hierarchical_2ranks 300 env RAILSHARD_NCCL=auto "$launch" -n 2 -- \
+    "${perf[@]}" --device cuda
+fi
+
+if [ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ]; then
+  step torch_cuda 600 env RAILSHARD_BUILD_PYTHON="$build/python" RAILSHARD_REQUIRE_MODULE=1 \
+    RAILSHARD_LAUNCH="$launch" PYTHONDONTWRITEBYTECODE=1 \
+    "$python" -m pytest -q -rfEs -p no:cacheprovider "$root/tests/python/test_cuda.py"
+else
+  echo "gpu_check: torch_cuda: skipped: no $python with a CUDA torch" | tee -a "$out/summary.txt"
+fi
+cat "$out/summary.txt"
+exit $status
