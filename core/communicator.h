@@ -220,6 +220,9 @@ class Communicator {
   HierarchicalAllreduce* hierarchical(int device, Duration timeout);
   // Host of every rank, by rank: from the cluster graph, else exchanged through the store.
   std::vector<std::string> hostOfEveryRank(Duration timeout);
+  // Why NCCL cannot run: two ranks of one host on the same GPU ("" when none), from every
+  // rank's PCI bus id exchanged through the store.
+  std::string sharedGpu(const std::vector<std::string>& hosts, int device, Duration timeout);
   std::string explainLoss(const transport::MessageTag& tag, double waited,
                           const std::string& error);
   std::string explainTimeout(const transport::MessageTag& tag, double waited,

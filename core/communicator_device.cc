@@ -102,6 +102,28 @@ std::vector<std::string> Communicator::hostOfEveryRank(Duration timeout) {
   return hosts;
 }
 
+std::string Communicator::sharedGpu(const std::vector<std::string>& hosts, int device,
+                                    Duration timeout) {
+  // NCCL refuses two ranks on one GPU; ranks that share one (a test on a single-GPU machine,
+  // oversubscribed jobs) use the staging path. Every rank sees the same list, so all decide
+  // alike without a vote.
+  const std::string prefix = key_prefix_ + "/device/gpu/";
+  store_->setString(prefix + std::to_string(rank_), cuda::pciBusId(device), timeout);
+  std::vector<std::string> gpus(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    gpus[static_cast<size_t>(r)] = store_->getString(prefix + std::to_string(r), timeout);
+  }
+  for (size_t a = 0; a < gpus.size(); ++a) {
+    for (size_t b = a + 1; b < gpus.size(); ++b) {
+      if (hosts[a] == hosts[b] && gpus[a] == gpus[b]) {
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " share GPU " +
+               gpus[a] + " on host " + hosts[a] + " (NCCL needs a GPU of its own per rank)";
+      }
+    }
+  }
+  return {};
+}
+
 HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) {
   if (hierarchical_decided_) return hierarchical_.get();
   hierarchical_decided_ = true;
@@ -121,7 +143,10 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
     params.config = config_;
     params.advertise_host = advertise_host_;
     params.device = device;
-    hierarchical_ = HierarchicalAllreduce::create(params, hierarchical_why_);
+    hierarchical_why_ = sharedGpu(params.hosts, device, timeout);
+    if (hierarchical_why_.empty()) {
+      hierarchical_ = HierarchicalAllreduce::create(params, hierarchical_why_);
+    }
   }
   if (hierarchical_) {
     RS_LOG_INFO("rank {}: device all-reduce: {}", rank_, hierarchical_->describe());

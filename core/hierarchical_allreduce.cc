@@ -117,6 +117,8 @@ void HierarchicalAllreduce::connect(const Params& params) {
     }
     kernels::cuda::setDevice(previous);
 
+    // One host: NCCL does the whole all-reduce, there is no level between hosts.
+    if (plan_.numNodes() == 1) return;
     // Rail `local_rank`: this local rank on every host.
     Communicator::Options options;
     options.rank = plan_.node;
@@ -174,6 +176,19 @@ void HierarchicalAllreduce::allreduce(const void* send, void* recv, size_t count
   const size_t my_length = shards.length[mine];
   try {
     api_.checkAsync(comm_, "hierarchical all-reduce");
+    if (plan_.numNodes() == 1) {
+      // Everything is inside this host: NCCL's own all-reduce (its ring/tree over NVLink) beats
+      // a reduce + broadcast, and avg stays sum-then-divide as everywhere else.
+      group("all-reduce inside the host", deadline, [&] {
+        api_.check(api_.allReduce(in, out, count, nccl_dtype, nccl_op, comm_, stream),
+                   "ncclAllReduce", comm_);
+      });
+      if (op == ReduceOp::kAvg) {
+        kernels::cuda::divide(out, count, dtype, static_cast<size_t>(size_), stream);
+      }
+      api_.checkAsync(comm_, "hierarchical all-reduce");
+      return;
+    }
     group("reduce inside the host", deadline, [&] {
       for (size_t r = 0; r < shards.length.size(); ++r) {
         if (shards.length[r] == 0) continue;  // count < ranks per host: same on every rank
@@ -211,6 +226,10 @@ void HierarchicalAllreduce::allreduce(const void* send, void* recv, size_t count
 }
 
 std::string HierarchicalAllreduce::describe() const {
+  if (plan_.numNodes() == 1) {
+    return "NCCL " + api_.versionString() + " all-reduce inside one host of " +
+           std::to_string(plan_.localSize()) + " ranks";
+  }
   return "hierarchical: NCCL " + api_.versionString() + " inside " +
          std::to_string(plan_.numNodes()) + " hosts x " + std::to_string(plan_.localSize()) +
          " ranks, railshard between hosts";

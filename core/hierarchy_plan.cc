@@ -60,11 +60,8 @@ HierarchyPlan HierarchyPlan::make(const std::vector<std::string>& hosts, int ran
     return plan;
   }
   for (const auto& m : members) plan.cross_ranks.push_back(m[static_cast<size_t>(plan.local_rank)]);
-  if (plan.numNodes() == 1) {
-    plan.reason = "all " + std::to_string(hosts.size()) + " ranks are on one host (" +
-                  plan.node_hosts.front() +
-                  "): nothing crosses nodes, so a plain NCCL all-reduce over the host's ranks "
-                  "(or the staging path without NCCL) is better than two levels";
+  if (plan.numNodes() == 1 && plan.localSize() == 1) {
+    plan.reason = "a single rank: nothing to all-reduce";
     return plan;
   }
   if (plan.localSize() == 1) {

@@ -15,7 +15,8 @@ namespace railshard {
 
 struct HierarchyPlan {
   // False when a two-level all-reduce does not fit this job; `reason` says why and what runs
-  // instead. The fields below are filled as far as the hosts allow even then.
+  // instead. The fields below are filled as far as the hosts allow even then. One host with
+  // several ranks is usable: the all-reduce is then NCCL's alone (no cross-node level).
   bool usable = false;
   std::string reason;
 

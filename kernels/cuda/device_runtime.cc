@@ -154,6 +154,13 @@ std::string deviceName(int device) {
          std::to_string(properties.minor) + ", " + memory + ")";
 }
 
+std::string pciBusId(int device) {
+  requireDevice(device, "pciBusId");
+  char id[32] = {};
+  check(cudaDeviceGetPCIBusId(id, sizeof(id), device), "cudaDeviceGetPCIBusId");
+  return id;
+}
+
 Stream createStream() {
   requireAvailable();
   cudaStream_t stream = nullptr;

@@ -38,6 +38,8 @@ int currentDevice();
 void setDevice(int device);
 // "NVIDIA H200 (sm_90, 139.8 GiB)"
 std::string deviceName(int device);
+// "0000:19:00.0": the same GPU in every process, whatever CUDA_VISIBLE_DEVICES numbers it.
+std::string pciBusId(int device);
 
 Stream createStream();  // non-blocking w.r.t. the legacy default stream
 void destroyStream(Stream stream);

@@ -53,6 +53,10 @@ std::string deviceName(int) {
   unavailable();
 }
 
+std::string pciBusId(int) {
+  unavailable();
+}
+
 Stream createStream() {
   unavailable();
 }
