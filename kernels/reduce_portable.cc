@@ -5,33 +5,21 @@
 
 #include "kernels/half.h"
 #include "kernels/kernel_table.h"
+#include "kernels/wrap_type.h"
 
 namespace railshard::kernels::detail {
 namespace {
 
-// Integers wrap (two's complement): signed types are computed in their unsigned twin, since
-// signed overflow is undefined in C++ and the optimiser may assume it does not happen.
-template <typename T, bool = std::is_integral_v<T>>
-struct WrapType {
-  using type = T;
-};
-template <typename T>
-struct WrapType<T, true> {
-  using type = std::make_unsigned_t<T>;
-};
-template <typename T>
-using Wide = typename WrapType<T>::type;
-
 struct Sum {
   template <typename T>
   static T apply(T x, T y) {
-    return static_cast<T>(static_cast<Wide<T>>(x) + static_cast<Wide<T>>(y));
+    return static_cast<T>(static_cast<Wrap<T>>(x) + static_cast<Wrap<T>>(y));
   }
 };
 struct Prod {
   template <typename T>
   static T apply(T x, T y) {
-    return static_cast<T>(static_cast<Wide<T>>(x) * static_cast<Wide<T>>(y));
+    return static_cast<T>(static_cast<Wrap<T>>(x) * static_cast<Wrap<T>>(y));
   }
 };
 // min/max return x unless y is strictly smaller (larger). So for floats a NaN in x is kept,

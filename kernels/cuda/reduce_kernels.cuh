@@ -13,6 +13,7 @@
 
 #include "core/base/types.h"
 #include "kernels/half.h"
+#include "kernels/wrap_type.h"
 
 #if defined(__CUDACC__)
 #define RAILSHARD_HOST_DEVICE __host__ __device__
@@ -133,18 +134,7 @@ struct BFloat16 {
 
 // ---- operators, exactly those of kernels/reduce_portable.cc --------------------------------
 
-// Integers wrap: signed types are computed in their unsigned twin (signed overflow is
-// undefined, and nvcc's optimiser assumes it away just as GCC's does).
-template <typename T, bool = std::is_integral_v<T>>
-struct WrapType {
-  using type = T;
-};
-template <typename T>
-struct WrapType<T, true> {
-  using type = std::make_unsigned_t<T>;
-};
-template <typename T>
-using Wrap = typename WrapType<T>::type;
+// Integers wrap: computed in their unsigned twin (kernels/wrap_type.h).
 
 struct Sum {
   template <typename T>
