@@ -90,7 +90,8 @@ class RailshardBackend : public PerfBackend {
   void barrier() override { comm_->barrier(); }
   void* stream() const override { return stream_; }
   void synchronize() override {
-    if (stream_ != nullptr) kernels::cuda::synchronizeStream(stream_);
+    // Bounded, unlike cudaStreamSynchronize (a lost peer must not hang the benchmark).
+    if (stream_ != nullptr) comm_->waitForDevice(stream_);
   }
 
   double combine(double value, Combine how) override {

@@ -480,7 +480,7 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   checkBuffer("allreduce", "send", send, count, dtype);
   checkBuffer("allreduce", "recv", recv, count, dtype);
   const Duration deadline = timeoutFor("allreduce", timeout);
-  if (onDevice("allreduce", placement, send, recv)) {
+  if (onDevice("allreduce", placement, send, recv, count)) {
     return allreduceOnDevice(send, recv, count, dtype, op, placement.stream, deadline);
   }
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
@@ -532,7 +532,7 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
   checkBuffer("reduce_scatter", "send", send, recv_count * static_cast<size_t>(size_), dtype);
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
   const Duration deadline = timeoutFor("reduce_scatter", timeout);
-  if (onDevice("reduce_scatter", placement, send, recv)) {
+  if (onDevice("reduce_scatter", placement, send, recv, recv_count)) {
     return reduceScatterOnDevice(send, recv, recv_count, dtype, op, placement.stream, deadline);
   }
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
@@ -550,7 +550,7 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   checkBuffer("allgather", "send", send, send_count, dtype);
   checkBuffer("allgather", "recv", recv, send_count * static_cast<size_t>(size_), dtype);
   const Duration deadline = timeoutFor("allgather", timeout);
-  if (onDevice("allgather", placement, send, recv)) {
+  if (onDevice("allgather", placement, send, recv, send_count)) {
     return allgatherOnDevice(send, recv, send_count, dtype, placement.stream, deadline);
   }
   const auto tag =
@@ -574,7 +574,7 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   checkBuffer("broadcast", "recv", recv, count, dtype);
   const Duration deadline = timeoutFor("broadcast", timeout);
   // Only the root's send buffer is read; elsewhere it may be anything (often null).
-  if (onDevice("broadcast", placement, rank_ == root ? send : nullptr, recv)) {
+  if (onDevice("broadcast", placement, rank_ == root ? send : nullptr, recv, count)) {
     return broadcastOnDevice(send, recv, count, dtype, root, placement.stream, deadline);
   }
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -129,6 +130,13 @@ class Communicator {
   }
   void barrier(Timeout timeout = kDefaultTimeout);
 
+  // Blocks until the work queued on `stream` (cudaStream_t; nullptr = the legacy default
+  // stream of `device`, -1 = the current device) so far is done: TimeoutError after `timeout`
+  // (default Config::timeout) instead of cudaStreamSynchronize's unbounded wait, and NCCL's
+  // asynchronous errors raised (then NCCL is aborted, so that its kernels stop). For callers
+  // that must hand results to code outside the stream's order (the PyTorch backend).
+  void waitForDevice(void* stream, int device = -1, Timeout timeout = kDefaultTimeout);
+
   // --- failures and elastic continuation (docs/reliability.md) ---
   //
   // Any failure poisons the communicator on every rank: the collective in flight and every
@@ -203,8 +211,9 @@ class Communicator {
   // True when the call's buffers are device memory (placement.memory, or asked of CUDA for
   // kAuto); ConfigError for kDevice without CUDA, InvalidArgument for a host/device mix.
   // Null buffers (count 0, a non-root's broadcast send) do not count.
+  // count 0 is always host (nothing is moved, and every rank must agree on the path).
   bool onDevice(const char* collective, const Placement& placement, const void* send,
-                const void* recv) const;
+                const void* recv, size_t count) const;
   void allreduceOnDevice(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                          void* stream, Duration timeout);
   void reduceScatterOnDevice(const void* send, void* recv, size_t recv_count, DataType dtype,
@@ -213,8 +222,15 @@ class Communicator {
                          void* stream, Duration timeout);
   void broadcastOnDevice(const void* send, void* recv, size_t count, DataType dtype, int root,
                          void* stream, Duration timeout);
-  // The staging machinery for `device`, made on first use.
+  // The staging machinery for `device`, made on first use; makes `device` current.
   collectives::CudaDeviceOps& deviceOps(int device);
+  // One staging collective: begin(stream), run `fn` over the transport, end(stream) — also
+  // when `fn` fails, so that the user's stream stays ordered after whatever device work the
+  // failed collective left queued.
+  void runStaged(
+      const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
+      int device, void* stream,
+      const std::function<void(const collectives::Context&, collectives::CudaDeviceOps&)>& fn);
   // The two-level all-reduce, decided (collectively, through the store) on the first device
   // all-reduce; null when it cannot run here (hierarchical_why_ says why).
   HierarchicalAllreduce* hierarchical(int device, Duration timeout);
@@ -241,6 +257,10 @@ class Communicator {
   int rank_;
   int size_;
   Config config_;
+  // Staging buffers of device collectives. Declared before transport_ so that it is destroyed
+  // after it: after a failed collective receives may still be posted into its pinned memory.
+  std::unique_ptr<collectives::CudaDeviceOps> device_ops_;
+  int device_ops_device_ = -1;
   std::unique_ptr<transport::Transport> transport_;
   std::shared_ptr<const topology::Topology> topology_;
   std::unique_ptr<collectives::Workspace> workspace_;
@@ -265,12 +285,13 @@ class Communicator {
   int trace_provider_ = 0;  // trace metadata provider id, 0 = none
   bool metrics_ = false;    // RAILSHARD_METRICS set: count collectives
   int metrics_collector_ = 0;
-  // Device buffers (core/communicator_device.cc).
-  std::unique_ptr<collectives::CudaDeviceOps> device_ops_;
-  int device_ops_device_ = -1;
+  // Device buffers (core/communicator_device.cc); device_ops_ is declared before transport_.
   std::unique_ptr<HierarchicalAllreduce> hierarchical_;
   bool hierarchical_decided_ = false;
   std::string hierarchical_why_;
+  // Set when building the two-level all-reduce failed: every later device all-reduce raises
+  // it (falling back to staging on some ranks only would leave the ranks on different paths).
+  std::exception_ptr hierarchical_error_;
 };
 
 }  // namespace railshard

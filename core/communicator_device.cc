@@ -6,6 +6,7 @@
 //    ordered on the caller's stream through CudaDeviceOps.
 // The shared-memory engine is host memory only, so device collectives always run over the
 // transport (run's over_transport), with the same headers and deadlines as host ones.
+#include <functional>
 #include <string>
 
 #include "core/base/error.h"
@@ -28,17 +29,32 @@ const char* kindName(cuda::PointerKind kind) {
   return kind == cuda::PointerKind::kDevice ? "device" : "host";
 }
 
-// The device of a call's buffers; the current one when both are null (count 0).
+// The device of a call's buffers (count > 0 here, so they are not null).
 int deviceOf(const void* send, const void* recv) {
   const void* any = recv != nullptr ? recv : send;
   const int device = any != nullptr ? cuda::pointerDevice(any) : -1;
   return device >= 0 ? device : cuda::currentDevice();
 }
 
+// Polls `event` (recorded on the stream to wait for) until done, checking `healthy` between
+// polls, within `deadline`.
+void waitForEvent(cuda::Event event, const std::function<void()>& healthy, Deadline deadline,
+                  const char* what) {
+  collectives::pollUntilDone(
+      [&] {
+        if (healthy) healthy();
+        return cuda::eventDone(event);
+      },
+      deadline, what);
+}
+
 }  // namespace
 
 bool Communicator::onDevice(const char* collective, const Placement& placement, const void* send,
-                            const void* recv) const {
+                            const void* recv, size_t count) const {
+  // Nothing to move: the host path, on every rank alike whatever pointers each passed (an
+  // empty tensor's may be null on one rank and not on another).
+  if (count == 0 && placement.memory != MemoryKind::kDevice) return false;
   switch (placement.memory) {
     case MemoryKind::kHost:
       return false;
@@ -55,7 +71,7 @@ bool Communicator::onDevice(const char* collective, const Placement& placement, 
                                 " is host memory");
         }
       }
-      return true;
+      return count > 0;
     case MemoryKind::kAuto:
       break;
     default:
@@ -78,6 +94,9 @@ bool Communicator::onDevice(const char* collective, const Placement& placement, 
 }
 
 collectives::CudaDeviceOps& Communicator::deviceOps(int device) {
+  // The calling thread may be on another device (a process group's worker thread starts on
+  // device 0): everything below runs on the buffers' device, which stays current.
+  cuda::setDevice(device);
   // One set of streams, events and staging buffers per communicator, rebuilt only when the
   // caller moves to another device (rare: a rank normally owns one GPU).
   if (!device_ops_ || device_ops_device_ != device) {
@@ -124,8 +143,60 @@ std::string Communicator::sharedGpu(const std::vector<std::string>& hosts, int d
   return {};
 }
 
+void Communicator::runStaged(
+    const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
+    int device, void* stream,
+    const std::function<void(const collectives::Context&, collectives::CudaDeviceOps&)>& fn) {
+  collectives::CudaDeviceOps& ops = deviceOps(device);
+  ops.begin(stream);
+  try {
+    runOverTransport(tag, timeout, bytes, algorithm,
+                     [&](const collectives::Context& context) { fn(context, ops); });
+  } catch (...) {
+    try {
+      ops.end(stream);
+    } catch (...) {
+      // The collective's own error says more than a failure to order the stream after it.
+    }
+    throw;
+  }
+  ops.end(stream);
+}
+
+void Communicator::waitForDevice(void* stream, int device, Timeout timeout) {
+  if (!cuda::available()) {
+    throw ConfigError("waitForDevice: " + cuda::unavailableReason());
+  }
+  if (device >= 0) cuda::setDevice(device);
+  const Duration limit = timeoutFor("waitForDevice", timeout);
+  cuda::Event event = cuda::createEvent();
+  try {
+    cuda::recordEvent(event, stream);
+    std::function<void()> healthy;
+    if (hierarchical_) healthy = [this] { hierarchical_->checkHealthy(); };
+    try {
+      waitForEvent(event, healthy, deadlineAfter(limit), "the device work of the collectives");
+    } catch (const TimeoutError& e) {
+      // Stop NCCL kernels that wait for a peer that will never come, so the stream drains.
+      if (hierarchical_) hierarchical_->abort(e.what());
+      throw;
+    }
+  } catch (...) {
+    cuda::destroyEvent(event);
+    throw;
+  }
+  cuda::destroyEvent(event);
+}
+
 HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) {
-  if (hierarchical_decided_) return hierarchical_.get();
+  if (hierarchical_error_) std::rethrow_exception(hierarchical_error_);
+  if (hierarchical_decided_) {
+    if (!hierarchical_ && config_.nccl == "on") {
+      throw ConfigError("RAILSHARD_NCCL=on, but the two-level all-reduce cannot run: " +
+                        hierarchical_why_);
+    }
+    return hierarchical_.get();
+  }
   hierarchical_decided_ = true;
   // Every rank reaches the same decision without talking when it needs no store round: the
   // configuration and the store's presence are the same on every rank.
@@ -143,9 +214,14 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
     params.config = config_;
     params.advertise_host = advertise_host_;
     params.device = device;
-    hierarchical_why_ = sharedGpu(params.hosts, device, timeout);
-    if (hierarchical_why_.empty()) {
-      hierarchical_ = HierarchicalAllreduce::create(params, hierarchical_why_);
+    try {
+      hierarchical_why_ = sharedGpu(params.hosts, device, timeout);
+      if (hierarchical_why_.empty()) {
+        hierarchical_ = HierarchicalAllreduce::create(params, hierarchical_why_);
+      }
+    } catch (...) {
+      hierarchical_error_ = std::current_exception();
+      throw;
     }
   }
   if (hierarchical_) {
@@ -164,6 +240,7 @@ void Communicator::allreduceOnDevice(const void* send, void* recv, size_t count,
                                      ReduceOp op, void* stream, Duration timeout) {
   const int device = deviceOf(send, recv);
   if (size_ > 1) {
+    cuda::setDevice(device);
     if (HierarchicalAllreduce* two_level = hierarchical(device, timeout)) {
       ++sequence_;  // every rank takes this path alike: sequence numbers stay in step
       last_algorithm_ = "hierarchical";
@@ -173,53 +250,44 @@ void Communicator::allreduceOnDevice(const void* send, void* recv, size_t count,
     }
   }
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
-  collectives::CudaDeviceOps& ops = deviceOps(device);
-  ops.begin(stream);
   last_algorithm_ = size_ == 1 ? "device_local" : "device_ring";
-  runOverTransport(tag, timeout, count * sizeOf(dtype), last_algorithm_.data(),
-                   [&](const collectives::Context& context) {
-                     collectives::deviceRingAllreduce(context, ops, send, recv, count, dtype, op);
-                   });
-  ops.end(stream);
+  runStaged(tag, timeout, count * sizeOf(dtype), last_algorithm_.data(), device, stream,
+            [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
+              collectives::deviceRingAllreduce(context, ops, send, recv, count, dtype, op);
+            });
 }
 
 void Communicator::reduceScatterOnDevice(const void* send, void* recv, size_t recv_count,
                                          DataType dtype, ReduceOp op, void* stream,
                                          Duration timeout) {
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
-  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(send, recv));
-  ops.begin(stream);
   const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  runOverTransport(tag, timeout, bytes, "device_ring", [&](const collectives::Context& context) {
-    collectives::deviceRingReduceScatter(context, ops, send, recv, recv_count, dtype, op);
-  });
-  ops.end(stream);
+  runStaged(tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
+            [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
+              collectives::deviceRingReduceScatter(context, ops, send, recv, recv_count, dtype, op);
+            });
 }
 
 void Communicator::allgatherOnDevice(const void* send, void* recv, size_t send_count,
                                      DataType dtype, void* stream, Duration timeout) {
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
-  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(send, recv));
-  ops.begin(stream);
   const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  runOverTransport(tag, timeout, bytes, "device_ring", [&](const collectives::Context& context) {
-    collectives::deviceAllgather(context, ops, send, recv, send_count, dtype);
-  });
-  ops.end(stream);
+  runStaged(tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
+            [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
+              collectives::deviceAllgather(context, ops, send, recv, send_count, dtype);
+            });
 }
 
 void Communicator::broadcastOnDevice(const void* send, void* recv, size_t count, DataType dtype,
                                      int root, void* stream, Duration timeout) {
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
-  collectives::CudaDeviceOps& ops = deviceOps(deviceOf(rank_ == root ? send : nullptr, recv));
-  ops.begin(stream);
-  runOverTransport(tag, timeout, count * sizeOf(dtype), "device_chain",
-                   [&](const collectives::Context& context) {
-                     collectives::deviceBroadcast(context, ops, send, recv, count, dtype, root);
-                   });
-  ops.end(stream);
+  runStaged(tag, timeout, count * sizeOf(dtype), "device_chain",
+            deviceOf(rank_ == root ? send : nullptr, recv), stream,
+            [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
+              collectives::deviceBroadcast(context, ops, send, recv, count, dtype, root);
+            });
 }
 
 }  // namespace railshard

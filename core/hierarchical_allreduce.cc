@@ -76,7 +76,11 @@ std::unique_ptr<HierarchicalAllreduce> HierarchicalAllreduce::create(const Param
 
 HierarchicalAllreduce::HierarchicalAllreduce(const Params& params, HierarchyPlan plan,
                                              const NcclApi& api)
-    : plan_(std::move(plan)), api_(api), config_(params.config), size_(params.size) {}
+    : plan_(std::move(plan)),
+      api_(api),
+      config_(params.config),
+      size_(params.size),
+      device_(params.device >= 0 ? params.device : kernels::cuda::currentDevice()) {}
 
 HierarchicalAllreduce::~HierarchicalAllreduce() {
   cross_.reset();
@@ -105,17 +109,12 @@ void HierarchicalAllreduce::connect(const Params& params) {
       }
       std::memcpy(id.internal, bytes.data(), bytes.size());
     }
-    // NCCL binds the communicator to the current device; the caller's stays as it was.
-    const int previous = kernels::cuda::currentDevice();
-    if (params.device >= 0) kernels::cuda::setDevice(params.device);
-    try {
-      comm_ = api_.initRank(plan_.localSize(), id, plan_.local_rank, deadline,
-                            "hierarchical all-reduce: NCCL inside host " + host);
-    } catch (...) {
-      kernels::cuda::setDevice(previous);
-      throw;
-    }
-    kernels::cuda::setDevice(previous);
+    // NCCL binds the communicator to the current device. The buffers' device stays current
+    // afterwards (as in every device collective): "restoring" a thread that had no device
+    // yet would create a context on GPU 0 in every process.
+    kernels::cuda::setDevice(device_);
+    comm_ = api_.initRank(plan_.localSize(), id, plan_.local_rank, deadline,
+                          "hierarchical all-reduce: NCCL inside host " + host);
 
     // One host: NCCL does the whole all-reduce, there is no level between hosts.
     if (plan_.numNodes() == 1) return;
@@ -124,10 +123,25 @@ void HierarchicalAllreduce::connect(const Params& params) {
     options.rank = plan_.node;
     options.size = plan_.numNodes();
     options.config = params.config;
+    // One rank per host: its device all-reduces are staging ones; it must not try (or, with
+    // RAILSHARD_NCCL=on, insist on) a two-level plan of its own.
+    options.config.nccl = "off";
     options.key_prefix = params.key_prefix + "/xnode/" + std::to_string(plan_.local_rank);
     options.advertise_host = params.advertise_host;
     options.store = params.store;
     cross_ = Communicator::create(*params.store, options);
+  } catch (const std::exception& e) {
+    fail(e.what());
+    throw;
+  }
+}
+
+void HierarchicalAllreduce::checkHealthy() {
+  if (!failed_.empty()) {
+    throw PeerLostError("hierarchical all-reduce: unusable after an earlier failure: " + failed_);
+  }
+  try {
+    api_.checkAsync(comm_, "hierarchical all-reduce");
   } catch (const std::exception& e) {
     fail(e.what());
     throw;
@@ -161,6 +175,9 @@ void HierarchicalAllreduce::allreduce(const void* send, void* recv, size_t count
     throw InvalidArgument("hierarchical all-reduce: unusable after an earlier failure: " + failed_);
   }
   if (count == 0) return;
+  // The calling thread may be on another device (a process group's worker thread starts on
+  // 0); kernels and the divide below must run on the buffers' device.
+  kernels::cuda::setDevice(device_);
   const Deadline deadline =
       deadlineAfter(timeout.count() >= 0 ? Duration(timeout) : Duration(config_.timeout));
   const collectives::SegmentLayout shards = plan_.shards(count);

@@ -76,6 +76,12 @@ class HierarchicalAllreduce {
   void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                  void* stream, Communicator::Timeout timeout = Communicator::kDefaultTimeout);
 
+  // Raises NCCL's asynchronous error, if any (and aborts the NCCL communicator then), or the
+  // first failure. For bounded waits on the stream (Communicator::waitForDevice).
+  void checkHealthy();
+  // Aborts the NCCL communicator, so that kernels it queued stop; later calls raise `reason`.
+  void abort(const std::string& reason) { fail(reason); }
+
   const HierarchyPlan& plan() const { return plan_; }
   // "hierarchical: NCCL 2.28.9 inside 2 hosts x 4 ranks, railshard between hosts"
   std::string describe() const;
@@ -93,6 +99,7 @@ class HierarchicalAllreduce {
   const collectives::NcclApi& api_;
   Config config_;
   int size_ = 1;
+  int device_ = 0;  // the buffers' device: NCCL's communicator lives there
   collectives::nccl::Comm comm_ = nullptr;
   std::unique_ptr<Communicator> cross_;
   std::string failed_;  // the first failure; empty while usable

@@ -50,6 +50,16 @@ int StagedRing::segmentAt(int step_offset) const {
   return (((ctx_.rank + step_offset + shift_) % n) + n) % n;
 }
 
+void StagedRing::postChunkReceives(std::vector<transport::RequestPtr>& requests, uint8_t* buffer,
+                                   int segment, uint32_t step_base, int step) const {
+  requests.clear();
+  for (size_t c = 0; c < plan_.chunks(); ++c) {
+    requests.push_back(ctx_.transport.irecv(ctx_.prev(), buffer + plan_.chunkOffset(segment, c),
+                                            plan_.chunkBytes(segment, c),
+                                            tagAt(step_base, step, c)));
+  }
+}
+
 void StagedRing::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint8_t* owned_out,
                                DataType dtype, ReduceOp op, bool stage_owned, uint32_t step_base) {
   const trace::Span phase(trace::Category::kPhase, "reduce_scatter", ctx_.tag.sequence);
@@ -73,14 +83,8 @@ void StagedRing::reduceScatter(const uint8_t* input, uint8_t* accumulate, uint8_
 
   std::vector<transport::RequestPtr> recvs[kBuffers];
   auto postRecvs = [&](int step) {
-    const int segment = segmentAt(-step - 1);
     const int b = RingStaging::buffer(step);
-    recvs[b].clear();
-    for (size_t c = 0; c < k; ++c) {
-      recvs[b].push_back(
-          ctx_.transport.irecv(ctx_.prev(), received[b] + plan_.chunkOffset(segment, c),
-                               plan_.chunkBytes(segment, c), tagAt(step_base, step, c)));
-    }
+    postChunkReceives(recvs[b], received[b], segmentAt(-step - 1), step_base, step);
   };
   SendQueue sends(ctx_);
 
@@ -177,14 +181,8 @@ void StagedRing::allGather(uint8_t* data, uint32_t step_base) {
   }
   std::vector<transport::RequestPtr> recvs[kBuffers];
   auto postRecvs = [&](int step) {
-    const int segment = segmentAt(-step);
     const int b = RingStaging::buffer(step);
-    recvs[b].clear();
-    for (size_t c = 0; c < k; ++c) {
-      recvs[b].push_back(
-          ctx_.transport.irecv(ctx_.prev(), received[b] + plan_.chunkOffset(segment, c),
-                               plan_.chunkBytes(segment, c), tagAt(step_base, step, c)));
-    }
+    postChunkReceives(recvs[b], received[b], segmentAt(-step), step_base, step);
   };
   SendQueue sends(ctx_);
   // Per step: its chunks' copies from pinned memory to `data`.

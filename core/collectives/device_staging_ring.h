@@ -60,6 +60,10 @@ class StagedRing {
     return ctx_.tagAt(plan_.tagStep(step_base, step, chunk));
   }
   Deadline deadline() const { return deadlineAfter(ctx_.timeout); }
+  // Posts the receives of `step`'s chunks of `segment` from the previous rank into `buffer`
+  // (pinned, indexed like the segment's bytes), replacing `requests`.
+  void postChunkReceives(std::vector<transport::RequestPtr>& requests, uint8_t* buffer, int segment,
+                         uint32_t step_base, int step) const;
 
   const Context& ctx_;
   DeviceOps& device_;

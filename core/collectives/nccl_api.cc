@@ -87,8 +87,12 @@ struct Cached {
 
 const Cached& cached() {
   // Per path, so that a process (a test) may point RAILSHARD_NCCL_LIBRARY elsewhere later.
-  static std::mutex mutex;
-  static std::map<std::string, Cached> libraries;
+  // Never destroyed: HierarchicalAllreduce objects hold references into it and may be torn
+  // down by other static destructors at exit.
+  static auto* mutex_ptr = new std::mutex;
+  static auto* libraries_ptr = new std::map<std::string, Cached>;
+  std::mutex& mutex = *mutex_ptr;
+  std::map<std::string, Cached>& libraries = *libraries_ptr;
   const std::string path = NcclApi::libraryPath();
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, inserted] = libraries.try_emplace(path);

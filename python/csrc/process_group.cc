@@ -269,7 +269,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::broadcast(
       buffer->ready(timeout);
       c.broadcast(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), root,
                   buffer->placement(), timeout);
-      buffer->finish();
+      buffer->finish(&c, timeout);
     });
   });
 }
@@ -285,7 +285,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce(
       buffer->ready(timeout);
       c.allreduce(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), op,
                   buffer->placement(), timeout);
-      buffer->finish();
+      buffer->finish(&c, timeout);
     });
   });
 }

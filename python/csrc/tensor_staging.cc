@@ -90,6 +90,7 @@ Staged::Staged(const at::Tensor& tensor, const char* collective, bool copy_in, b
     buffer_ = tensor;
     // c10::Event goes through the CUDA device guard torch registers, so this compiles
     // against CPU-only torch headers too and needs no libc10_cuda link.
+    device_ = tensor.device().index();
     ready_.emplace(c10::DeviceType::CUDA);
     const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
     ready_->record(guard->getStream(tensor.device()));
@@ -115,6 +116,9 @@ Communicator::Placement Staged::placement() const {
 
 void Staged::ready(std::chrono::milliseconds timeout) {
   if (!ready_) return;
+  // The worker thread starts on device 0 in railshard's CUDA runtime: the collective, its
+  // streams and the final wait belong on the tensor's device.
+  kernels::cuda::setDevice(device_);
   // Polled (torch 1.13's Event has no synchronize()), yielding: ranks may outnumber cores.
   const auto start = std::chrono::steady_clock::now();
   int polls = 0;
@@ -132,9 +136,13 @@ void Staged::ready(std::chrono::milliseconds timeout) {
   }
 }
 
-void Staged::finish() {
+void Staged::finish(Communicator* comm, std::chrono::milliseconds timeout) {
   if (onDevice()) {
-    kernels::cuda::synchronizeStream(nullptr);
+    if (comm == nullptr) {
+      throw InvalidArgument("railshard: internal error: a device buffer finished without its "
+                            "communicator");
+    }
+    comm->waitForDevice(nullptr, device_, timeout);
   } else if (staged_) {
     original_.copy_(buffer_);
   }

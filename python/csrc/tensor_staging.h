@@ -52,9 +52,11 @@ class Staged {
   // Waits (on the calling thread) until the tensor's producers are done, at most `timeout`
   // (TimeoutError); no-op on the host.
   void ready(std::chrono::milliseconds timeout);
-  // Copies the result back when the buffer is a stand-in; waits for the device work when
-  // the buffer is device memory.
-  void finish();
+  // Copies the result back when the buffer is a stand-in; for device memory waits (bounded
+  // by `timeout`, through `comm`) for the collective's device work, so that the Work completes
+  // with the result in place.
+  void finish(Communicator* comm = nullptr,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
  private:
   at::Tensor original_;
@@ -62,6 +64,7 @@ class Staged {
   DataType dtype_;
   bool staged_ = false;
   std::optional<c10::Event> ready_;  // set for device buffers
+  int device_ = -1;                  // their CUDA device
 };
 
 // Whether CUDA tensors can be reduced in place on the device by this build of librailshard
