@@ -95,7 +95,8 @@ bool isNan(const uint8_t* element, DataType dtype) {
 // Index of the first element where `got` differs from `want` (NaN equals any NaN), or -1.
 long firstDifference(const uint8_t* got, const uint8_t* want, size_t count, DataType dtype) {
   const size_t size = sizeOf(dtype);
-  if (std::memcmp(got, want, count * size) == 0) return -1;
+  // count 0: the vectors may be empty, with null data() (memcmp's arguments must not be null).
+  if (count == 0 || std::memcmp(got, want, count * size) == 0) return -1;
   for (size_t i = 0; i < count; ++i) {
     const uint8_t* g = got + i * size;
     const uint8_t* w = want + i * size;
@@ -253,7 +254,7 @@ class HostBuffer {
       : storage_(image.size() + 64), size_(image.size()) {
     auto address = reinterpret_cast<uintptr_t>(storage_.data());
     base_ = storage_.data() + (64 - address % 64) % 64;
-    std::memcpy(base_, image.data(), size_);
+    if (size_ > 0) std::memcpy(base_, image.data(), size_);  // an empty image's data() may be null
   }
   uint8_t* at(size_t offset) { return base_ + offset; }
   std::vector<uint8_t> image() const { return {base_, base_ + size_}; }
