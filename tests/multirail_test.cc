@@ -5,14 +5,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/base/error.h"
 #include "core/base/memory_store.h"
 #include "test_util.h"
+#include "tests/hostile_peer.h"
+#include "transport/tcp/frame.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace {
@@ -25,6 +31,8 @@ using railshard::transport::RequestPtr;
 using railshard::transport::tcp::RailSpec;
 using railshard::transport::tcp::TcpTransport;
 using ::testing::HasSubstr;
+
+constexpr char kToken[] = "multirail-test";
 
 Deadline soon(int seconds = 30) {
   return railshard::deadlineAfter(std::chrono::seconds(seconds));
@@ -54,15 +62,16 @@ struct Pair {
   }
 };
 
-// Two ranks joined by `rails` rails (127.0.0.1, 127.0.0.2, ...), created in parallel.
-void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive", int sockets = 1,
-                 const std::vector<double>& gbps = {}) {
-  MemoryStore store;
+// Two ranks joined by `rails` rails (127.0.0.1, 127.0.0.2, ...), created in parallel,
+// rendezvousing through `store`.
+void connectPairThrough(MemoryStore& store, Pair& pair, int rails,
+                        const std::string& weights = "adaptive", int sockets = 1,
+                        const std::vector<double>& gbps = {}) {
   railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
     TcpTransport::Options options;
     options.rank = rank;
     options.size = 2;
-    options.token = "multirail-test";
+    options.token = kToken;
     options.rail_weights = weights;
     options.sockets_per_rail = sockets;
     options.rejoin_interval = std::chrono::milliseconds(200);
@@ -78,6 +87,12 @@ void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive",
     }
     pair.t[rank] = TcpTransport::create(store, options);
   }));
+}
+
+void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive", int sockets = 1,
+                 const std::vector<double>& gbps = {}) {
+  MemoryStore store;
+  connectPairThrough(store, pair, rails, weights, sockets, gbps);
 }
 
 std::vector<RailStatus> railsTo(const TcpTransport& t, int peer) {
@@ -249,6 +264,88 @@ TEST(MultiRail, BrokenRailIsFailedOverWithoutLossAndReadmitted) {
   pair.t[1]->wait(r, soon());
   EXPECT_EQ(back, data);
   EXPECT_GT(railsTo(*pair.t[0], 1)[1].bytes_sent, before);
+}
+
+// After start-up the rail listeners stay open for re-admission (tcp_transport_rejoin.cc), and
+// hold the same line as start-up: the fixed hello is checked before the token is read, the
+// token must be the job's, and the hello must ask to rejoin. Each hostile connection is closed
+// with its reason logged, and the broken rail is still re-admitted and carries data.
+TEST(MultiRail, RejoinListenerRefusesHostileConnectionsAndTheRailStillComesBack) {
+  using railshard::test::closedByPeer;
+  using railshard::test::connectTo;
+  using railshard::test::sendSome;
+  namespace tcp = railshard::transport::tcp;
+  railshard::test::StderrCapture log;
+  MemoryStore store;
+  Pair pair;
+  connectPairThrough(store, pair, 2);
+  // Rank 0 accepts its rails from rank 1: its listener for rail lo1 (127.0.0.2).
+  std::vector<std::string> listeners;
+  std::istringstream in(store.getString("/tcp/rails/0", std::chrono::seconds(1)));
+  for (std::string one; in >> one;) listeners.push_back(one);
+  ASSERT_EQ(listeners.size(), 2u);
+  const std::string target = listeners[1];
+  pair.t[0]->breakConnectionForTesting(1, 1);
+
+  auto hello = [](const std::string& token, uint16_t flags, uint16_t announced) {
+    tcp::Hello h;
+    h.rank = 1;
+    h.world_size = 2;
+    h.channel = 1;
+    h.channels = 2;
+    h.flags = flags;
+    h.generation = 1;
+    h.token_bytes = announced;
+    std::vector<uint8_t> bytes(sizeof(h) + token.size());
+    std::memcpy(bytes.data(), &h, sizeof(h));
+    if (!token.empty()) std::memcpy(bytes.data() + sizeof(h), token.data(), token.size());
+    return bytes;
+  };
+  const std::string wrong(sizeof(kToken) - 1, 'x');
+  const std::vector<std::pair<const char*, std::vector<uint8_t>>> attacks = {
+      {"wrong token", hello(wrong, tcp::kHelloRejoin, static_cast<uint16_t>(wrong.size()))},
+      {"garbage", std::vector<uint8_t>(4096, 0xab)},
+      {"oversized token", hello("", tcp::kHelloRejoin, 65535)},
+      {"not a rejoin", hello(kToken, 0, static_cast<uint16_t>(sizeof(kToken) - 1))},
+      {"truncated", std::vector<uint8_t>(10, 0)},
+      {"silent", {}},
+  };
+  for (const auto& [what, bytes] : attacks) {
+    tcp::Fd fd = connectTo(target);
+    if (std::string(what) == "truncated") {
+      auto part = hello(kToken, tcp::kHelloRejoin, static_cast<uint16_t>(sizeof(kToken) - 1));
+      part.resize(10);
+      sendSome(fd.get(), part);
+      ::shutdown(fd.get(), SHUT_WR);
+    } else {
+      sendSome(fd.get(), bytes);
+    }
+    EXPECT_TRUE(closedByPeer(fd.get(), std::chrono::seconds(5))) << what;
+  }
+
+  const Deadline until = soon(10);
+  auto bothUp = [&] { return railsTo(*pair.t[0], 1)[1].up && railsTo(*pair.t[1], 0)[1].up; };
+  while (!bothUp() && railshard::Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(bothUp()) << railsTo(*pair.t[0], 1)[1].down_reason;
+  auto data = pattern(8 << 20, 7);
+  std::vector<uint8_t> back(data.size());
+  const uint64_t before = railsTo(*pair.t[0], 1)[1].bytes_sent;
+  auto r = pair.t[1]->irecv(0, back.data(), back.size(), tagOf(1));
+  auto s = pair.t[0]->isend(1, data.data(), data.size(), tagOf(1));
+  pair.t[0]->wait(s, soon());
+  pair.t[1]->wait(r, soon());
+  EXPECT_EQ(back, data);
+  EXPECT_GT(railsTo(*pair.t[0], 1)[1].bytes_sent, before);
+
+  const std::string text = log.text();
+  EXPECT_THAT(text, HasSubstr("refused a rail rejoin connection"));
+  EXPECT_THAT(text, HasSubstr("wrong job token"));
+  EXPECT_THAT(text, HasSubstr("bad hello magic"));
+  EXPECT_THAT(text, HasSubstr("exceeds the limit"));
+  EXPECT_THAT(text, HasSubstr("not a rejoin"));
+  EXPECT_THAT(text, HasSubstr("rejoin hello"));  // the truncated and the silent one
 }
 
 TEST(MultiRail, FailoverWorksInBothDirectionsAtOnce) {

@@ -66,24 +66,49 @@ void TcpTransport::keeperLoop() {
       const int raw = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (raw < 0) continue;
       Fd fd(raw);
+      const std::string from = peerAddress(fd.get()).toString();
+      // As at start-up (tcp_transport_connect.cc): the fixed part is checked (magic, version,
+      // token length) before the token is read, every refusal is logged with its reason, and
+      // a connection that is silent or slow holds the keeper for at most a second.
+      auto refuse = [&](const std::string& reason) {
+        RS_LOG_WARN("rank {}: refused a rail rejoin connection from {}: {}", options_.rank, from,
+                    reason);
+      };
       const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
       try {
-        Hello hello;
-        recvAll(fd.get(), &hello, sizeof(hello), deadline, "rejoin hello");
-        if (hello.token_bytes > kMaxToken) continue;
-        std::string received(hello.token_bytes, '\0');
-        recvAll(fd.get(), received.data(), received.size(), deadline, "rejoin hello");
-        if (!checkHello(hello, received, token, options_.rank, options_.size).empty() ||
-            !(hello.flags & kHelloRejoin)) {
+        std::vector<uint8_t> bytes(sizeof(Hello));
+        recvAll(fd.get(), bytes.data(), bytes.size(), deadline, "rejoin hello");
+        bytes.resize(helloSize(bytes));
+        recvAll(fd.get(), bytes.data() + sizeof(Hello), bytes.size() - sizeof(Hello), deadline,
+                "rejoin hello");
+        const ReceivedHello received = parseHello(bytes);
+        const Hello& hello = received.hello;
+        if (auto reason = checkHello(hello, received.token, token, options_.rank, options_.size);
+            !reason.empty()) {
+          refuse(reason);
+          continue;
+        }
+        if (!(hello.flags & kHelloRejoin)) {
+          refuse("not a rejoin (start-up is over)");
           continue;
         }
         Peer* peer = peers_[hello.rank].get();
-        if (peer == nullptr || hello.channels != peer->channels.size()) continue;
+        if (peer == nullptr || hello.channels != peer->channels.size()) {
+          refuse("rank " + std::to_string(hello.rank) + " announces " +
+                 std::to_string(hello.channels) + " connection(s), this rank has " +
+                 std::to_string(peer == nullptr ? 0 : peer->channels.size()));
+          continue;
+        }
         {
           std::lock_guard<std::mutex> lock(peer->mutex);
           const Channel& c = *peer->channels[hello.channel];
           if (!rejoinable(c) || peer->lost ||
               hello.generation != static_cast<uint16_t>(c.generation + 1)) {
+            // Also a normal race (a retry after the connection was re-made): no warning.
+            RS_LOG_DEBUG(
+                "rank {}: rejoin of connection {} from rank {} (generation {}) not "
+                "wanted now",
+                options_.rank, hello.channel, hello.rank, hello.generation);
             continue;
           }
         }
@@ -97,7 +122,7 @@ void TcpTransport::keeperLoop() {
         sendAll(fd.get(), &ack, sizeof(ack), deadline, "rejoin reply");
         handOver(static_cast<int>(hello.rank), hello.channel, hello.generation, std::move(fd));
       } catch (const Error& e) {
-        RS_LOG_DEBUG("rank {}: rejoin attempt refused: {}", options_.rank, e.what());
+        refuse(e.what());
       }
     }
     // Connecting side: our rails to lower ranks that are down.
