@@ -475,6 +475,58 @@ TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
   other.join();
 }
 
+// A peer that fails (here with a MismatchError) tells this rank in an abort frame, lingers,
+// closes, and answers this rank's next data with a reset. If a send then fails before this
+// rank's progress thread has read the abort, the abort must still win: MismatchError, not
+// PeerLostError (the rare flake of the mismatch tests). Rank 0's progress thread is paused so
+// that the abort and the reset are both in its kernel before it looks.
+TEST(TcpFailure, AbortFrameWinsOverTheResetThatFollowsIt) {
+  using transport::tcp::TcpTransport;
+  MemoryStore store;
+  std::unique_ptr<TcpTransport> t[2];
+  test::rethrowFirst(test::runRanks(2, [&](int rank) {
+    TcpTransport::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.token = "abort-before-reset-test";
+    options.connect_timeout = std::chrono::seconds(20);
+    t[rank] = TcpTransport::create(store, options);
+  }));
+  t[0]->pauseProgressForTesting(true);
+  t[1]->abort(makeError(ErrorKind::kMismatch, "rank 1: op differs (test)"), true);
+  t[1].reset();  // lingers for rank 0's close (which cannot come: paused), then closes
+
+  // The first send reaches a closed socket and draws a reset; a later one fails.
+  std::vector<uint8_t> payload(1 << 16, 1);
+  transport::MessageTag tag;
+  tag.sequence = 3;
+  std::vector<transport::RequestPtr> sends;
+  for (int i = 0; i < 10; ++i) {
+    sends.push_back(t[0]->isend(1, payload.data(), payload.size(), tag));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  t[0]->pauseProgressForTesting(false);
+
+  const Deadline until = deadlineAfter(std::chrono::seconds(10));
+  std::string kind = "none";
+  std::string what;
+  while (kind == "none" && Clock::now() < until) {
+    try {
+      t[0]->checkHealthy();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (const MismatchError& e) {
+      kind = "MismatchError";
+      what = e.what();
+    } catch (const Error& e) {
+      kind = "other";
+      what = e.what();
+    }
+  }
+  EXPECT_EQ(kind, "MismatchError") << what;
+  EXPECT_NE(what.find("op differs (test) [reported by rank 1]"), std::string::npos) << what;
+  t[0].reset();
+}
+
 TEST(Arguments, BadArgumentsRaiseInvalidArgument) {
   auto errors = withRanks(2, [&](Communicator& comm) {
     std::vector<float> data(4);

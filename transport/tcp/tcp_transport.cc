@@ -124,6 +124,14 @@ void TcpTransport::sendByes() {
   }
 }
 
+void TcpTransport::pauseProgressForTesting(bool paused) {
+  progress_paused_for_testing_.store(paused);
+  wake();
+  while (paused && !progress_parked_for_testing_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void TcpTransport::wake() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
@@ -544,6 +552,12 @@ void TcpTransport::progressLoop() {
           : tick_ms;
   const int tick = std::min(tick_ms, heartbeat_tick_ms);
   while (!stopping_.load()) {
+    if (progress_paused_for_testing_.load()) {
+      progress_parked_for_testing_.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    progress_parked_for_testing_.store(false);
     if (failed_.load()) reader_quiesced_.store(true);
     const int n = ::epoll_wait(epoll_fd_.get(), events, 64, tick);
     if (n < 0 && errno != EINTR) {
@@ -574,7 +588,20 @@ void TcpTransport::progressLoop() {
           lost = channel->lost && channel->fd.valid();
           reason = channel->down_reason;
         }
-        if (lost) onConnectionLost(*peer, *channel, reason.empty() ? "send failed" : reason);
+        if (!lost) continue;
+        if (!failed_.load() && !otherRailUp(*peer, *channel)) {
+          // The peer reset the connection, but what it sent before may still wait in the
+          // receive queue: above all an abort frame saying why it left (a rank that raised
+          // MismatchError and exited). Read that first, or every such peer would be reported
+          // as lost instead (seen as a rare PeerLostError in the mismatch tests).
+          handleReadable(*peer, *channel, true);
+        }
+        bool still_open;
+        {
+          std::lock_guard<std::mutex> lock(peer->mutex);
+          still_open = channel->fd.valid();
+        }
+        if (still_open) onConnectionLost(*peer, *channel, reason.empty() ? "send failed" : reason);
       }
     }
     if (multi_rail_ && !failed_.load()) {

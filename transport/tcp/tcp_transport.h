@@ -99,6 +99,11 @@ class TcpTransport : public Transport {
   void setFailHookForTesting(std::function<void()> hook) {
     fail_hook_for_testing_ = std::move(hook);
   }
+  // Tests: while true, the progress thread neither reads nor writes, so that a test can let
+  // the kernel's socket state change (a peer's frames arrive, then its reset) before this
+  // rank looks at it.
+  // Returns once the progress thread has stopped (or been told to go on).
+  void pauseProgressForTesting(bool paused);
 
   // Bytes written to / read from all sockets (headers included), for tests and benchmarks.
   uint64_t bytesSent() const { return bytes_sent_.load(); }
@@ -140,7 +145,10 @@ class TcpTransport : public Transport {
   // Trace event (docs/tracing.md): one piece written to one rail.
   void traceRailLocked(const Peer& peer, Channel& channel, const Segment& segment);
   // tcp_transport_read.cc
-  void handleReadable(Peer& peer, Channel& channel);
+  // Reads and parses what `channel` holds, up to a budget. `after_send_failure`: the
+  // connection is already marked lost because a send to it failed; read what arrived before
+  // that anyway (unbounded: a reset connection holds a bounded amount).
+  void handleReadable(Peer& peer, Channel& channel, bool after_send_failure = false);
   void onHeader(Peer& peer, Channel& channel);
   void onPayloadComplete(Peer& peer, Channel& channel);
   void onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64_t peer_clock_ns);
@@ -157,6 +165,9 @@ class TcpTransport : public Transport {
   void installRejoined();
   std::string railsSummaryLocked(const Peer& peer) const;
   // tcp_transport_failure.cc
+  // Whether another connection to `peer` is up, i.e. losing `channel` is a rail failure.
+  static bool otherRailUpLocked(const Peer& peer, const Channel& channel);
+  bool otherRailUp(Peer& peer, const Channel& channel);
   void onConnectionLost(Peer& peer, Channel& channel, const std::string& reason);
   // Pings every peer and declares lost one that has been silent past the heartbeat timeout.
   void checkHeartbeats();
@@ -202,6 +213,8 @@ class TcpTransport : public Transport {
   std::vector<LostPeer> lost_peers_;                                 // guarded by state_mutex_
   std::function<std::string(const MessageTag&)> timeout_explainer_;  // set before first use
   std::function<void()> fail_hook_for_testing_;                      // set before first use
+  std::atomic<bool> progress_paused_for_testing_{false};
+  std::atomic<bool> progress_parked_for_testing_{false};
   // The collective the user thread is in (enterCollective), read by the progress thread.
   mutable std::mutex current_mutex_;
   MessageTag current_{};

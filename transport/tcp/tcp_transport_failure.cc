@@ -148,6 +148,18 @@ void TcpTransport::closeChannelLocked(Channel& channel) {
   channel.lost = true;
 }
 
+bool TcpTransport::otherRailUpLocked(const Peer& peer, const Channel& channel) {
+  for (const auto& other : peer.channels) {
+    if (other.get() != &channel && other->up && !other->lost) return true;
+  }
+  return false;
+}
+
+bool TcpTransport::otherRailUp(Peer& peer, const Channel& channel) {
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  return otherRailUpLocked(peer, channel);
+}
+
 void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::string& reason) {
   bool graceful;
   bool pending;
@@ -164,9 +176,7 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
         if (it->second->op) pending = true;
       }
     }
-    for (const auto& other : peer.channels) {
-      if (other.get() != &channel && other->up && !other->lost) other_rail = true;
-    }
+    other_rail = otherRailUpLocked(peer, channel);
     if (graceful && !pending) {
       // The peer said goodbye and half-closed; it is lingering for our goodbye, so the
       // socket stays open for writing until we close ourselves.

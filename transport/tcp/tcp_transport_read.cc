@@ -11,9 +11,9 @@
 
 namespace railshard::transport::tcp {
 
-void TcpTransport::handleReadable(Peer& peer, Channel& channel) {
-  size_t budget = detail::kReadBudget;
-  while (budget > 0 && channel.fd.valid() && !channel.lost) {
+void TcpTransport::handleReadable(Peer& peer, Channel& channel, bool after_send_failure) {
+  size_t budget = after_send_failure ? SIZE_MAX : detail::kReadBudget;
+  while (budget > 0 && channel.fd.valid() && (after_send_failure || !channel.lost)) {
     if (failed_.load()) {
       reader_quiesced_.store(true);
       drainAfterFailure(peer, channel);
