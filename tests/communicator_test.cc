@@ -426,22 +426,27 @@ TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
   }
 }
 
+// Two ranks of a bare TCP transport in this process (threads), through `store`.
+void connectTcpPair(MemoryStore& store, std::unique_ptr<transport::tcp::TcpTransport> (&t)[2]) {
+  using transport::tcp::TcpTransport;
+  test::rethrowFirst(test::runRanks(2, [&](int rank) {
+    TcpTransport::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.token = "tcp-pair-test";
+    options.connect_timeout = std::chrono::seconds(20);
+    t[rank] = TcpTransport::create(store, options);
+  }));
+}
+
 // A wait whose own deadline passes while another thread (here the progress thread, reading a
 // peer's abort) is half-way through failing the transport must raise that failure, not return
 // as if the receive had completed: recursive doubling then reduced the unfilled workspace into
 // the result and returned it without an error ("nothing is silently corrupted").
 TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
-  using transport::tcp::TcpTransport;
   MemoryStore store;
-  std::unique_ptr<TcpTransport> t[2];
-  test::rethrowFirst(test::runRanks(2, [&](int rank) {
-    TcpTransport::Options options;
-    options.rank = rank;
-    options.size = 2;
-    options.token = "fail-race-test";
-    options.connect_timeout = std::chrono::seconds(20);
-    t[rank] = TcpTransport::create(store, options);
-  }));
+  std::unique_ptr<transport::tcp::TcpTransport> t[2];
+  connectTcpPair(store, t);
   // Hold rank 0's failure window open (claimed, not yet published) until this test's wait has
   // run into its deadline, or half a second at most.
   std::promise<void> failing;
@@ -481,17 +486,9 @@ TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
 // PeerLostError (the rare flake of the mismatch tests). Rank 0's progress thread is paused so
 // that the abort and the reset are both in its kernel before it looks.
 TEST(TcpFailure, AbortFrameWinsOverTheResetThatFollowsIt) {
-  using transport::tcp::TcpTransport;
   MemoryStore store;
-  std::unique_ptr<TcpTransport> t[2];
-  test::rethrowFirst(test::runRanks(2, [&](int rank) {
-    TcpTransport::Options options;
-    options.rank = rank;
-    options.size = 2;
-    options.token = "abort-before-reset-test";
-    options.connect_timeout = std::chrono::seconds(20);
-    t[rank] = TcpTransport::create(store, options);
-  }));
+  std::unique_ptr<transport::tcp::TcpTransport> t[2];
+  connectTcpPair(store, t);
   t[0]->pauseProgressForTesting(true);
   t[1]->abort(makeError(ErrorKind::kMismatch, "rank 1: op differs (test)"), true);
   t[1].reset();  // lingers for rank 0's close (which cannot come: paused), then closes
