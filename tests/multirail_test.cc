@@ -103,6 +103,16 @@ std::vector<RailStatus> railsTo(const TcpTransport& t, int peer) {
   return result;
 }
 
+// Waits (up to 10 s) until rail 1 between the pair is up again on both ranks.
+bool railOneBackOnBoth(const Pair& pair) {
+  auto bothUp = [&] { return railsTo(*pair.t[0], 1)[1].up && railsTo(*pair.t[1], 0)[1].up; };
+  const Deadline until = soon(10);
+  while (!bothUp() && railshard::Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return bothUp();
+}
+
 TEST(MultiRail, OneConnectionPerRailEachNamedAndUp) {
   Pair pair;
   connectPair(pair, 2, "adaptive", 2);
@@ -249,12 +259,7 @@ TEST(MultiRail, BrokenRailIsFailedOverWithoutLossAndReadmitted) {
   }
 
   // Re-admitted within a few rejoin intervals, on both ranks, and carrying traffic again.
-  const Deadline until = soon(10);
-  auto bothUp = [&] { return railsTo(*pair.t[0], 1)[1].up && railsTo(*pair.t[1], 0)[1].up; };
-  while (!bothUp() && railshard::Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(bothUp()) << railsTo(*pair.t[0], 1)[1].down_reason;
+  ASSERT_TRUE(railOneBackOnBoth(pair)) << railsTo(*pair.t[0], 1)[1].down_reason;
   const uint64_t before = railsTo(*pair.t[0], 1)[1].bytes_sent;
   auto data = pattern(8 << 20, 99);
   std::vector<uint8_t> back(data.size());
@@ -323,12 +328,7 @@ TEST(MultiRail, RejoinListenerRefusesHostileConnectionsAndTheRailStillComesBack)
     EXPECT_TRUE(closedByPeer(fd.get(), std::chrono::seconds(5))) << what;
   }
 
-  const Deadline until = soon(10);
-  auto bothUp = [&] { return railsTo(*pair.t[0], 1)[1].up && railsTo(*pair.t[1], 0)[1].up; };
-  while (!bothUp() && railshard::Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(bothUp()) << railsTo(*pair.t[0], 1)[1].down_reason;
+  ASSERT_TRUE(railOneBackOnBoth(pair)) << railsTo(*pair.t[0], 1)[1].down_reason;
   auto data = pattern(8 << 20, 7);
   std::vector<uint8_t> back(data.size());
   const uint64_t before = railsTo(*pair.t[0], 1)[1].bytes_sent;

@@ -99,10 +99,9 @@ class TcpTransport : public Transport {
   void setFailHookForTesting(std::function<void()> hook) {
     fail_hook_for_testing_ = std::move(hook);
   }
-  // Tests: while true, the progress thread neither reads nor writes, so that a test can let
+  // Tests: while paused, the progress thread neither reads nor writes, so that a test can let
   // the kernel's socket state change (a peer's frames arrive, then its reset) before this
-  // rank looks at it.
-  // Returns once the progress thread has stopped (or been told to go on).
+  // rank looks at it. Pausing returns once the progress thread has stopped.
   void pauseProgressForTesting(bool paused);
 
   // Bytes written to / read from all sockets (headers included), for tests and benchmarks.
