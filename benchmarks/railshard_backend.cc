@@ -8,6 +8,7 @@
 
 #include "benchmarks/perf_backend.h"
 #include "core/base/error.h"
+#include "core/collectives/host_layout.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
 #include "kernels/cuda/device_runtime.h"
@@ -35,7 +36,13 @@ class RailshardBackend : public PerfBackend {
   std::string_view name() const override { return "railshard"; }
   std::string describe() const override {
     // Which transport the communicator chose, and what was asked for (RAILSHARD_TRANSPORT).
-    return std::string("railshard over ") + (comm_->usesSharedMemory() ? "shm" : "tcp") +
+    // With several hosts: the layout, and shared memory inside each host plus the rails.
+    const auto* layout = comm_->hostLayout();
+    const std::string over = comm_->usesSharedMemory()       ? "shm"
+                             : comm_->usesHostSharedMemory() ? "shm inside hosts + tcp"
+                                                             : "tcp";
+    return std::string("railshard over ") + over +
+           (layout != nullptr && layout->hostCount() > 1 ? ", " + layout->describe() : "") +
            " (RAILSHARD_TRANSPORT=" + comm_->config().transport + "), " +
            std::to_string(comm_->size()) + " ranks, chunk " +
            std::to_string(comm_->config().chunk_bytes) + " bytes" +

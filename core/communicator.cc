@@ -17,6 +17,7 @@
 #include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/tuner.h"
+#include "core/collectives/two_level.h"
 #include "core/hierarchical_allreduce.h"
 #include "core/progress_publisher.h"
 #include "core/topology/topology.h"
@@ -126,19 +127,20 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   }
   std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
   communicator->setUpSharedMemory(store, options.key_prefix);
-  if (communicator->shm_) {
+  // One host's ranks share a segment: all of them (shm_) or this host's of several (host_shm_).
+  collectives::ShmEngine* engine = communicator->engine();
+  if (engine != nullptr) {
     transport::Transport* tcp_transport = communicator->transport_.get();
-    communicator->shm_->setHealthCheck([tcp_transport] { tcp_transport->checkHealthy(); });
+    engine->setHealthCheck([tcp_transport] { tcp_transport->checkHealthy(); });
     // A peer lost on the TCP side (closed connection, heartbeat) wakes shared-memory waits at
     // once instead of at their next health check.
-    collectives::ShmEngine* engine = communicator->shm_.get();
     communicator->transport_->setFailureListener(
         [engine](ErrorKind kind, const std::string& message) { engine->abort(kind, message); });
   }
   Communicator* self = communicator.get();
   auto explain = [self](const transport::MessageTag& tag) { return self->diagnoseMissing(tag); };
   communicator->transport_->setTimeoutExplainer(explain);
-  if (communicator->shm_) communicator->shm_->setTimeoutExplainer(explain);
+  if (engine != nullptr) engine->setTimeoutExplainer(explain);
   communicator->setUpTracing(store, options);
   communicator->setUpMetrics();
   if (options.store && options.size > 1) {
@@ -147,79 +149,6 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
         kPublishPeriod);
   }
   return communicator;
-}
-
-void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
-  if (size_ == 1 || config_.transport == "tcp" || config_.transport == "ibverbs") return;
-  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
-  auto key = [&](const std::string& what, int r) {
-    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
-  };
-  const std::string mine = transport::shm::hostIdentity();
-  store.setString(key("host", rank_), mine, timeout);
-  bool same_host = true;
-  for (int r = 0; r < size_; ++r) {
-    if (store.getString(key("host", r), timeout) != mine) same_host = false;
-  }
-  // Ranks in separate network/UTS namespaces, or a topology file that says so, count as
-  // different hosts even when they could map the same memory: the graph is the authority on
-  // what the user wants treated as a host.
-  if (same_host && topology_ != nullptr && topology_->worldSize() == size_ &&
-      topology_->ranksOn(topology_->rank(0).host).size() != static_cast<size_t>(size_)) {
-    RS_LOG_DEBUG("rank {}: the topology places ranks on {} hosts", rank_,
-                 topology_->hosts().size());
-    same_host = false;
-  }
-  if (!same_host) {
-    if (config_.transport == "shm") {
-      throw ConfigError(
-          "RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
-          "not share /dev/shm)");
-    }
-    RS_LOG_DEBUG("rank {}: ranks span several hosts; using tcp", rank_);
-    return;
-  }
-  // Rank 0 sizes and creates the segment, and unlinks its name once everyone has it mapped,
-  // so a killed job leaves nothing behind in /dev/shm. When it cannot (no room in /dev/shm),
-  // it publishes an empty name and everyone stays on TCP.
-  std::unique_ptr<transport::shm::ShmSegment> segment;
-  if (rank_ == 0) {
-    std::string published;
-    try {
-      const size_t slot = transport::shm::chooseSlotBytes(config_.shm_slot_bytes, size_);
-      const std::string name = transport::shm::ShmSegment::makeName();
-      segment = transport::shm::ShmSegment::create(name, size_, slot);
-      published = name + "|" + std::to_string(slot);
-    } catch (const Error& e) {
-      if (config_.transport == "shm") throw;
-      RS_LOG_WARN("shared memory unavailable, using tcp: {}", e.what());
-    }
-    store.setString(key("name", 0), published, timeout);
-  } else {
-    const std::string published = store.getString(key("name", 0), timeout);
-    if (!published.empty()) {
-      const auto bar = published.find('|');
-      const size_t slot = std::stoull(published.substr(bar + 1));
-      segment = transport::shm::ShmSegment::attach(published.substr(0, bar), size_, slot);
-    } else if (config_.transport == "shm") {
-      throw ConfigError(
-          "RAILSHARD_TRANSPORT=shm, but rank 0 could not create the shared memory "
-          "segment (see its log)");
-    }
-    store.setString(key("attached", rank_), "1", timeout);
-  }
-  if (rank_ == 0 && segment) {
-    std::vector<std::string> keys;
-    for (int r = 1; r < size_; ++r) keys.push_back(key("attached", r));
-    store.wait(keys, timeout);
-    segment->unlink();
-  }
-  if (!segment) return;
-  RS_LOG_DEBUG("rank {}: shared memory segment {} ({} bytes per slot)", rank_, segment->name(),
-               segment->slotBytes());
-  shm_ = std::make_unique<collectives::ShmEngine>(
-      std::move(segment), rank_, size_, std::chrono::duration_cast<Duration>(config_.timeout),
-      std::chrono::duration_cast<Duration>(config_.spin));
 }
 
 Communicator::Communicator(const Options& options, std::unique_ptr<transport::Transport> transport)
@@ -345,7 +274,7 @@ std::string Communicator::explainLoss(const transport::MessageTag& tag, double w
   auto lost = transport_->lostPeers();
   // Over shared memory the engine sees a dead peer's pid first; its TCP connection (same
   // process) ends at the same moment, and the transport says which rank that was.
-  for (int i = 0; i < 20 && lost.empty() && shm_ != nullptr; ++i) {
+  for (int i = 0; i < 20 && lost.empty() && engine() != nullptr; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     lost = transport_->lostPeers();
   }
@@ -421,7 +350,7 @@ template <typename Fn>
 void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_t bytes,
                        const char* algorithm, Fn&& fn, bool over_transport) {
   if (publisher_) publisher_->entered(tag.sequence, collectiveName(tag));
-  if (shm_) shm_->setTimeout(timeout);
+  if (engine() != nullptr) engine()->setTimeout(timeout);
   const trace::ScopedRank trace_rank(worldRank());
   trace::Span span(trace::Category::kCollective, collectiveName(tag));
   if (span.active()) {
@@ -493,7 +422,11 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   input.bytes = count * sizeOf(dtype);
   input.world_size = size_;
   input.shm = shm_ != nullptr;
-  input.shm_slot_bytes = shm_ ? shm_->slotBytes() : 0;
+  input.shm_slot_bytes = two_level_ ? host_slot_bytes_ : shm_ ? shm_->slotBytes() : 0;
+  input.hosts = layout_ ? layout_->hostCount() : 1;
+  input.ranks_per_host = layout_ ? layout_->maxLocal() : size_;
+  input.host_shm = two_level_;
+  input.network = network_;
   // Users ask which algorithm ran; at debug level every all-reduce says so, with the model's
   // estimates behind the choice. Only then are the strings built: they cost more than a
   // small shared-memory all-reduce.
@@ -521,6 +454,12 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
         return collectives::recursiveDoublingAllreduce(context, send, recv, count, dtype, op);
       case collectives::Algorithm::kRing:
         return collectives::ringAllreduce(context, send, recv, count, dtype, op);
+      case collectives::Algorithm::kTwoLevel:
+        return collectives::twoLevelAllreduce(context, host_shm_.get(), *layout_, send, recv, count,
+                                              dtype, op);
+      case collectives::Algorithm::kTwoLevelDirect:
+        return collectives::twoLevelDirectAllreduce(context, host_shm_.get(), *layout_, send, recv,
+                                                    count, dtype, op);
     }
   });
 }
@@ -602,7 +541,7 @@ void Communicator::abort(const std::string& reason) {
   aborted_ = reason.empty() ? std::string("(no reason given)") : reason;
   const std::string message =
       "rank " + std::to_string(rank_) + ": the application aborted the communicator: " + aborted_;
-  if (shm_) shm_->abort(ErrorKind::kGeneric, message);
+  if (engine() != nullptr) engine()->abort(ErrorKind::kGeneric, message);
   transport_->abort(makeError(ErrorKind::kGeneric, message), true);
 }
 

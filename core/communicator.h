@@ -31,6 +31,7 @@ namespace collectives {
 class Workspace;
 class ShmEngine;
 struct Context;
+struct HostLayout;
 class CudaDeviceOps;
 }  // namespace collectives
 class HierarchicalAllreduce;
@@ -164,6 +165,13 @@ class Communicator {
   uint64_t sequence() const { return sequence_; }
   // True when collectives run through shared memory (every rank on this host).
   bool usesSharedMemory() const { return shm_ != nullptr; }
+  // True when the ranks span several hosts, some with several ranks, and every such host's
+  // ranks share a segment: all-reduces then run in two levels (docs/architecture.md). The
+  // same on every rank, also on a rank alone on its host.
+  bool usesHostSharedMemory() const { return two_level_; }
+  // Which ranks share a host (ranks compared by host in the cluster graph and by whether they
+  // can map each other's memory); null for one rank.
+  const collectives::HostLayout* hostLayout() const { return layout_.get(); }
   // Name of the algorithm the last all-reduce ran ("ring", "shm_direct", ...).
   std::string_view lastAlgorithm() const { return last_algorithm_; }
   transport::Transport& transport() { return *transport_; }
@@ -178,7 +186,14 @@ class Communicator {
   void checkBuffer(const char* collective, const char* what, const void* buffer, size_t count,
                    DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;
+  // Groups the ranks by host (layout_) and maps one segment per host with several ranks:
+  // shm_ when that is every rank, else host_shm_ (core/communicator_shm.cc).
   void setUpSharedMemory(Store& store, const std::string& key_prefix);
+  // Creates (lowest rank) or attaches the segment of this host's ranks `mine` (world ranks,
+  // ascending, several); stays without one when the leader could not make it.
+  void mapHostSegment(Store& store, const std::string& key_prefix, const std::vector<int>& mine);
+  // The segment of this rank's host's ranks, whichever of the two it is; null when none.
+  collectives::ShmEngine* engine() const { return shm_ ? shm_.get() : host_shm_.get(); }
   // RAILSHARD_TRACE: aligns this rank's clock with rank 0's through the store (first
   // generation only) and registers what its trace file says about it (core/communicator_trace.cc).
   void setUpTracing(Store& store, const Options& options);
@@ -265,6 +280,13 @@ class Communicator {
   std::shared_ptr<const topology::Topology> topology_;
   std::unique_ptr<collectives::Workspace> workspace_;
   std::unique_ptr<collectives::ShmEngine> shm_;
+  // Several hosts: the layout, this host's ranks' segment (when it has several ranks), and the
+  // link between hosts as the tuner models it.
+  std::unique_ptr<collectives::HostLayout> layout_;
+  std::unique_ptr<collectives::ShmEngine> host_shm_;  // null on a rank alone on its host
+  bool two_level_ = false;      // every host with several ranks has its segment (all ranks agree)
+  size_t host_slot_bytes_ = 0;  // the smallest of those segments' slots
+  collectives::LinkModel network_{0, 0};
   std::string_view last_algorithm_ = "none";
   // Last tuner decision (see allreduce()).
   bool tuned_ = false;

@@ -134,7 +134,7 @@ std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
   transport_->abort(makeError(ErrorKind::kPeerLost,
                               "rank " + std::to_string(rank_) + ": this communicator was shrunk"),
                     false);
-  if (shm_) shm_->abort(ErrorKind::kPeerLost, "the communicator was shrunk");
+  if (engine() != nullptr) engine()->abort(ErrorKind::kPeerLost, "the communicator was shrunk");
 
   for (const auto& lost : transport_->lostPeers()) {
     const auto [key, value] = lostMarkFor(lost);

@@ -11,16 +11,20 @@
 #   testbed.sh run NAME HOST CMD [ARGS...]   run CMD in host HOST (0-based) under its own UTS
 #                                            namespace with host name NAME-hHOST, so railshard
 #                                            sees a separate machine
-#   testbed.sh job NAME CMD [ARGS...]        run CMD once per host as one railshard job (rank =
-#                                            host; store on host 0's rail0 address), wait for
-#                                            all; exit status: the first failure's
+#   testbed.sh job NAME CMD [ARGS...]        run CMD as one railshard job: TESTBED_RANKS ranks
+#                                            per host (default 1; "2" on every host, or a list
+#                                            per host such as "1,2,3"), numbered host by host,
+#                                            the ranks of a host sharing its UTS namespace
+#                                            name and network; store on host 0's rail0
+#                                            address; waits for all; exit status: the first
+#                                            failure's
 #   testbed.sh rate NAME RAIL RATE           reshape a rail on every host (tc change)
 #   testbed.sh link NAME HOST RAIL up|down   take one host's rail port down or up
 #
 # NAME: 1-8 characters [a-z0-9]. A job is bounded by TESTBED_TIMEOUT seconds (default 300).
 set -euo pipefail
 
-usage() { sed -n '2,22p' "$0" >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1
 name=$2
@@ -100,21 +104,39 @@ case "$cmd" in
     mapfile -t all < <(hosts_of)
     size=${#all[@]}
     [ "$size" -ge 2 ] || { echo "testbed: no test bed '$name' (run up first)" >&2; exit 2; }
+    # Ranks per host: one figure for every host, or one per host.
+    IFS=, read -r -a per_host <<<"${TESTBED_RANKS:-1}"
+    if [ "${#per_host[@]}" -eq 1 ]; then
+      per_host=($(for _ in "${all[@]}"; do echo "${per_host[0]}"; done))
+    fi
+    [ "${#per_host[@]}" -eq "$size" ] ||
+      { echo "testbed: TESTBED_RANKS lists ${#per_host[@]} hosts, the bed has $size" >&2; exit 2; }
+    world=0
+    for n in "${per_host[@]}"; do
+      [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 16 ] ||
+        { echo "testbed: ranks per host must be 1..16, got '$n'" >&2; exit 2; }
+      world=$((world + n))
+    done
     port=$((20000 + RANDOM % 20000))
     token="testbed-$RANDOM$RANDOM"
     pids=()
     trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT INT TERM
+    rank=0
     for h in $(seq 0 $((size - 1))); do
-      RAILSHARD_RANK=$h RAILSHARD_WORLD_SIZE=$size RAILSHARD_STORE_ADDR="10.200.0.1:$port" \
-        RAILSHARD_TOKEN="$token" timeout "${TESTBED_TIMEOUT:-300}" "$0" run "$name" "$h" "$@" &
-      pids+=($!)
+      for local in $(seq 0 $((per_host[h] - 1))); do
+        RAILSHARD_RANK=$rank RAILSHARD_WORLD_SIZE=$world RAILSHARD_STORE_ADDR="10.200.0.1:$port" \
+          RAILSHARD_LOCAL_RANK=$local RAILSHARD_TOKEN="$token" \
+          timeout "${TESTBED_TIMEOUT:-300}" "$0" run "$name" "$h" "$@" &
+        pids+=($!)
+        rank=$((rank + 1))
+      done
     done
     status=0
     for pid in "${pids[@]}"; do
-      if ! wait "$pid"; then
-        rc=$?
-        [ "$status" -eq 0 ] && status=$rc
-      fi
+      # Not `if ! wait`: $? is then the negation's 0, and every job looked successful.
+      rc=0
+      wait "$pid" || rc=$?
+      if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
     done
     exit "$status"
     ;;

@@ -133,8 +133,9 @@ const std::vector<Config::Variable>& Config::variables() {
          c.store_external = parseInteger("RAILSHARD_STORE_EXTERNAL", v, 0, 1) == 1;
        }},
       {"RAILSHARD_TRANSPORT", "auto",
-       "Transport between ranks: auto (shared memory when every rank is on this host; RDMA "
-       "between hosts that both have an active RDMA port; else TCP), tcp, shm (an error unless "
+       "Transport between ranks: auto (shared memory between the ranks of each host, in every "
+       "job; RDMA between hosts that both have an active RDMA port; else TCP), tcp (TCP between "
+       "every pair, same-host ranks included), shm (an error unless "
        "every rank is on one host), or ibverbs (RDMA between every pair, an error naming what "
        "is missing otherwise; docs/rdma.md).",
        [](Config& c, const std::string& v) {
@@ -196,8 +197,9 @@ const std::vector<Config::Variable>& Config::variables() {
          c.ib_slot_bytes = bytes;
        }},
       {"RAILSHARD_ALGO", "auto",
-       "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct or "
-       "shm_rsag. The choice is logged at debug level.",
+       "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
+       "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
+       "choice is logged at debug level.",
        [](Config& c, const std::string& v) { c.algorithm = v; }},
       {"RAILSHARD_SHM_SLOT_BYTES", "auto",
        "Shared-memory staging slot per rank and step (suffix K, M, G); larger messages are "

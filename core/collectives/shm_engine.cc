@@ -48,8 +48,12 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 }  // namespace
 
 ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-                     Duration timeout, Duration spin)
-    : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout) {
+                     Duration timeout, Duration spin, std::vector<int> names)
+    : segment_(std::move(segment)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      names_(std::move(names)) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
   // With a core per rank, spinning a little catches a peer that is a few microseconds behind
   // without a sleep/wake-up; with more ranks than cores the peer needs our core, so we only
@@ -95,22 +99,22 @@ void ShmEngine::throwAborted() {
   auto& header = segment_->header();
   std::string message(header.abort_message);
   const int by = header.abort_rank.load();
-  if (by != rank_) message += " [reported by rank " + std::to_string(by) + "]";
+  if (by != rank_) message += " [reported by rank " + std::to_string(nameOf(by)) + "]";
   throwError(static_cast<ErrorKind>(header.abort_kind.load()), message);
 }
 
 void ShmEngine::checkPeerAlive(int peer, const char* what) {
   if (segment_->control(peer).left.load() != 0) {
-    abort(ErrorKind::kPeerLost, "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
-                                    " closed its communicator while " + describeTag(tag_) +
-                                    " waited for its " + what);
+    abort(ErrorKind::kPeerLost,
+          "rank " + std::to_string(nameOf(rank_)) + ": rank " + std::to_string(nameOf(peer)) +
+              " closed its communicator while " + describeTag(tag_) + " waited for its " + what);
     throwAborted();
   }
   const int32_t pid = segment_->control(peer).pid.load();
   if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-    const std::string message = "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
-                                " (pid " + std::to_string(pid) + ") exited while " +
-                                describeTag(tag_) + " waited for its " + what;
+    const std::string message = "rank " + std::to_string(nameOf(rank_)) + ": rank " +
+                                std::to_string(nameOf(peer)) + " (pid " + std::to_string(pid) +
+                                ") exited while " + describeTag(tag_) + " waited for its " + what;
     abort(ErrorKind::kPeerLost, message);
     throwAborted();
   }
@@ -161,10 +165,11 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
       next_liveness = now + kLivenessPeriod;
     }
     if (now >= deadline) {
-      std::string message =
-          "rank " + std::to_string(rank_) + ": " + describeTag(tag_) + " timed out after " +
-          std::to_string(std::chrono::duration<double>(now - start).count()) +
-          " s waiting for rank " + std::to_string(peer) + "'s " + what + " (RAILSHARD_TIMEOUT)";
+      std::string message = "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag_) +
+                            " timed out after " +
+                            std::to_string(std::chrono::duration<double>(now - start).count()) +
+                            " s waiting for rank " + std::to_string(nameOf(peer)) + "'s " + what +
+                            " (RAILSHARD_TIMEOUT)";
       if (timeout_explainer_) message += ": " + timeout_explainer_(tag_);
       abort(ErrorKind::kTimeout, message);
       throwAborted();
@@ -196,7 +201,7 @@ void ShmEngine::waitPosted(int peer) {
   waitFor(peer, box.posted, step_, "data");
   if (!(box.header == tag_)) {
     const transport::MessageTag theirs = box.header;
-    const std::string message = describeMismatch(rank_, tag_, peer, theirs);
+    const std::string message = describeMismatch(nameOf(rank_), tag_, nameOf(peer), theirs);
     abort(ErrorKind::kMismatch, message);
     throwAborted();
   }
@@ -299,29 +304,54 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
 
 void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
                               ReduceOp op, const transport::MessageTag& tag) {
+  reduceScatterBlocks(send, recv, uniformBlocks(recv_count), dtype, op, tag);
+}
+
+void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                          const transport::MessageTag& tag) {
+  allgatherBlocks(send, recv, uniformBlocks(send_count), dtype, tag);
+}
+
+std::vector<size_t> ShmEngine::uniformBlocks(size_t block) const {
+  std::vector<size_t> begin(static_cast<size_t>(size_) + 1);
+  for (size_t r = 0; r < begin.size(); ++r) begin[r] = r * block;
+  return begin;
+}
+
+void ShmEngine::reduceScatterBlocks(const void* send, void* recv, const std::vector<size_t>& begin,
+                                    DataType dtype, ReduceOp op, const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
   const size_t n = static_cast<size_t>(size_);
+  const size_t me = static_cast<size_t>(rank_);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
+  auto blockLength = [&](size_t r) { return begin[r + 1] - begin[r]; };
+  size_t longest = 0;
+  for (size_t r = 0; r < n; ++r) longest = std::max(longest, blockLength(r));
+  // Every rank takes the same steps: piece p of every block, the blocks side by side in the
+  // slot (a block's piece at r * piece, so blocks of unequal length never overlap).
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / (element * n));
   std::vector<const void*> sources(n);
-  forEachPiece(recv_count, piece, [&](size_t offset, size_t length) {
+  forEachPiece(longest, piece, [&](size_t offset, size_t) {
+    auto lengthOf = [&](size_t r) {
+      return std::min(piece, blockLength(r) - std::min(blockLength(r), offset));
+    };
     beginStep(tag);
     uint8_t* mine = segment_->inSlot(rank_, step_);
     for (size_t r = 0; r < n; ++r) {
-      if (static_cast<int>(r) == rank_) continue;
-      kernels::copy(mine + r * length * element, in + (r * recv_count + offset) * element,
-                    length * element);
+      if (r == me || lengthOf(r) == 0) continue;
+      kernels::copy(mine + r * piece * element, in + (begin[r] + offset) * element,
+                    lengthOf(r) * element);
     }
     publishPosted();
-    const size_t me = static_cast<size_t>(rank_);
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
-      sources[static_cast<size_t>(r)] = r == rank_
-                                            ? in + (me * recv_count + offset) * element
-                                            : segment_->inSlot(r, step_) + me * length * element;
+      sources[static_cast<size_t>(r)] = static_cast<size_t>(r) == me
+                                            ? in + (begin[me] + offset) * element
+                                            : segment_->inSlot(r, step_) + me * piece * element;
     }
     // Accumulate in the out-slot: recv may overlap our own block of send (in place).
+    const size_t length = lengthOf(me);
     uint8_t* reduced = segment_->outSlot(rank_, step_);
     if (length > 0) {
       reduceAll(reduced, sources.data(), length, dtype, op);
@@ -330,21 +360,30 @@ void ShmEngine::reduceScatter(const void* send, void* recv, size_t recv_count, D
   });
 }
 
-void ShmEngine::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
-                          const transport::MessageTag& tag) {
+void ShmEngine::allgatherBlocks(const void* send, void* recv, const std::vector<size_t>& begin,
+                                DataType dtype, const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
+  const size_t n = static_cast<size_t>(size_);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
+  auto blockLength = [&](size_t r) { return begin[r + 1] - begin[r]; };
+  size_t longest = 0;
+  for (size_t r = 0; r < n; ++r) longest = std::max(longest, blockLength(r));
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
-  forEachPiece(send_count, piece, [&](size_t offset, size_t length) {
+  forEachPiece(longest, piece, [&](size_t offset, size_t) {
+    auto lengthOf = [&](size_t r) {
+      return std::min(piece, blockLength(r) - std::min(blockLength(r), offset));
+    };
     beginStep(tag);
-    if (length > 0)
-      kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, length * element);
+    const size_t mine = lengthOf(static_cast<size_t>(rank_));
+    if (mine > 0)
+      kernels::copy(segment_->inSlot(rank_, step_), in + offset * element, mine * element);
     publishPosted();
     for (int r = 0; r < size_; ++r) {
       waitPosted(r);
+      const size_t length = lengthOf(static_cast<size_t>(r));
       if (length > 0) {
-        kernels::copy(out + (static_cast<size_t>(r) * send_count + offset) * element,
+        kernels::copy(out + (begin[static_cast<size_t>(r)] + offset) * element,
                       segment_->inSlot(r, step_), length * element);
       }
     }

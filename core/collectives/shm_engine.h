@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/base/clock.h"
 #include "core/base/error.h"
@@ -25,9 +27,11 @@ namespace railshard::collectives {
 // gone is detected by its pid while others wait for it.
 class ShmEngine {
  public:
-  // `spin`: how long a wait polls before sleeping (Config::spin).
+  // `spin`: how long a wait polls before sleeping (Config::spin). `names`: the communicator's
+  // rank of each of the segment's ranks, for messages (one host of several: its ranks are
+  // 0..size-1 here but not in the communicator); empty = the same numbers.
   ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-            Duration timeout, Duration spin);
+            Duration timeout, Duration spin, std::vector<int> names = {});
   ~ShmEngine();
 
   // Everyone reads every rank's whole input and reduces all of it: one synchronisation,
@@ -42,11 +46,22 @@ class ShmEngine {
                      const transport::MessageTag& tag);
   void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                  const transport::MessageTag& tag);
+  // The same with blocks of any length: rank r's block is elements [begin[r], begin[r+1]) of
+  // the whole buffer (begin has size() + 1 entries, the same on every rank). reduceScatter:
+  // `send` is the whole buffer, `recv` receives this rank's block, reduced. allgather: `send`
+  // is this rank's block, `recv` the whole buffer. Two-level collectives use them for the
+  // phases inside a host, with blocks that need not divide evenly.
+  void reduceScatterBlocks(const void* send, void* recv, const std::vector<size_t>& begin,
+                           DataType dtype, ReduceOp op, const transport::MessageTag& tag);
+  void allgatherBlocks(const void* send, void* recv, const std::vector<size_t>& begin,
+                       DataType dtype, const transport::MessageTag& tag);
   void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                  const transport::MessageTag& tag);
   void barrier(const transport::MessageTag& tag);
 
   size_t slotBytes() const { return segment_->slotBytes(); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   // Deadline of every wait from now on (a per-call override of Config::timeout).
   void setTimeout(Duration timeout) { timeout_ = timeout; }
   // Called while a wait sleeps (every 100 ms); throws when the ranks' other channel (the TCP
@@ -61,6 +76,8 @@ class ShmEngine {
   void abort(ErrorKind kind, const std::string& message);
 
  private:
+  std::vector<size_t> uniformBlocks(size_t block) const;
+  int nameOf(int rank) const { return names_.empty() ? rank : names_[static_cast<size_t>(rank)]; }
   void beginStep(const transport::MessageTag& tag);
   void publishPosted();
   void publishReduced();
@@ -80,6 +97,7 @@ class ShmEngine {
   transport::MessageTag tag_;  // collective of the current step
   bool oversubscribed_ = false;
   Duration spin_time_;
+  std::vector<int> names_;
   std::function<void()> health_check_;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };

@@ -19,21 +19,28 @@ std::string_view name(Algorithm algorithm) {
       return "shm_direct";
     case Algorithm::kShmReduceScatterGather:
       return "shm_rsag";
+    case Algorithm::kTwoLevel:
+      return "two_level";
+    case Algorithm::kTwoLevelDirect:
+      return "two_level_direct";
   }
   return "unknown";
 }
 
 bool parseAlgorithm(const std::string& text, Algorithm& out) {
   if (text.empty() || text == "auto") return false;
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kShmDirect,
-                      Algorithm::kShmReduceScatterGather}) {
+  for (Algorithm a :
+       {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kShmDirect,
+        Algorithm::kShmReduceScatterGather, Algorithm::kTwoLevel, Algorithm::kTwoLevelDirect}) {
     if (name(a) == text) {
       out = a;
       return true;
     }
   }
-  throw ConfigError("RAILSHARD_ALGO: unknown algorithm '" + text +
-                    "' (expected auto, ring, recursive_doubling, shm_direct or shm_rsag)");
+  throw ConfigError(
+      "RAILSHARD_ALGO: unknown algorithm '" + text +
+      "' (expected auto, ring, recursive_doubling, shm_direct, shm_rsag, two_level or "
+      "two_level_direct)");
 }
 
 // Figures measured on the development machine (docs/benchmarks.md): a cross-core flag
@@ -44,6 +51,9 @@ LinkModel shmModel() {
 }
 LinkModel tcpModel() {
   return {30.0, 1.5};
+}
+LinkModel networkModel(const TunerInput& input) {
+  return input.network.beta_gbps > 0 ? input.network : tcpModel();
 }
 // A CPU reduction of two operands into a third, memory-bound on that machine (GB/s of vector).
 constexpr double kReduceGBps = 2.0;
@@ -69,7 +79,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       return pieces * 3 * m.alpha_us + transfer(bytes * ((n - 1) / n + 1 + 1 + 1), m);
     }
     case Algorithm::kRing: {
-      const LinkModel m = tcpModel();
+      const LinkModel m = networkModel(input);
       return 2 * (n - 1) * (m.alpha_us + transfer(bytes / n, m));
     }
     case Algorithm::kRecursiveDoubling: {
@@ -77,10 +87,38 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       // all arrived, so the reduction is not hidden behind the transfer as in the ring's
       // chunked pipeline. Without this term two ranks would always pick it (one round
       // against the ring's two steps) and lose ~20% on large messages over real links.
-      const LinkModel m = tcpModel();
+      const LinkModel m = networkModel(input);
       const double rounds = std::floor(std::log2(n));
       const bool power_of_two = std::exp2(rounds) == n;
       return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m)) +
+             rounds * bytes / (kReduceGBps * 1e3);
+    }
+    case Algorithm::kTwoLevel: {
+      if (!input.host_shm || input.hosts < 2) return std::numeric_limits<double>::infinity();
+      const LinkModel s = shmModel();
+      const LinkModel m = networkModel(input);
+      const double h = input.hosts;
+      const double pieces = std::max(
+          1.0, std::ceil(bytes / std::max<double>(1, static_cast<double>(input.shm_slot_bytes))));
+      // In the host: reduce-scatter (copy in, reduce, copy out) and all-gather (copy in
+      // 1/l, copy out all), about four passes over the message. Across: a ring over h ranks
+      // of 1/l of it, l rings side by side sharing the host's link, so 2(h-1)/h of the
+      // message leaves each host.
+      return pieces * 4 * s.alpha_us + transfer(bytes * 4, s) + 2 * (h - 1) * m.alpha_us +
+             transfer(bytes * 2 * (h - 1) / h, m);
+    }
+    case Algorithm::kTwoLevelDirect: {
+      if (!input.host_shm || input.hosts < 2 || input.bytes > input.shm_slot_bytes)
+        return std::numeric_limits<double>::infinity();
+      const LinkModel s = shmModel();
+      const LinkModel m = networkModel(input);
+      const double l = input.ranks_per_host;
+      const double rounds = std::ceil(std::log2(static_cast<double>(input.hosts)));
+      const bool power_of_two = std::exp2(rounds) == input.hosts;
+      // One synchronisation in the host, then every local rank exchanges the whole message
+      // across hosts at once (l copies share the host's link).
+      return 2 * s.alpha_us + transfer(bytes * (l + 2), s) +
+             (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes * l, m)) +
              rounds * bytes / (kReduceGBps * 1e3);
     }
   }
@@ -97,6 +135,17 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
                         " needs shared memory, which this communicator does not have "
                         "(ranks on several hosts, or RAILSHARD_TRANSPORT=tcp)");
     }
+    const bool needs_hosts =
+        forced_algorithm == Algorithm::kTwoLevel || forced_algorithm == Algorithm::kTwoLevelDirect;
+    if (needs_hosts && !input.host_shm) {
+      throw ConfigError("RAILSHARD_ALGO=" + forced +
+                        " needs several hosts whose ranks share memory, which this "
+                        "communicator does not have (one host, one rank per host, or "
+                        "RAILSHARD_TRANSPORT=tcp)");
+    }
+    if (forced_algorithm == Algorithm::kTwoLevelDirect && input.bytes > input.shm_slot_bytes) {
+      return {Algorithm::kTwoLevel, "RAILSHARD_ALGO=two_level_direct, message larger than a slot"};
+    }
     // shm_direct only fits messages up to one slot; larger ones fall back to shm_rsag.
     if (forced_algorithm == Algorithm::kShmDirect && input.bytes > input.shm_slot_bytes) {
       return {Algorithm::kShmReduceScatterGather,
@@ -110,8 +159,9 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
   if (explain) reason.emplace();
   Algorithm best = Algorithm::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
-  for (Algorithm a : {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
-                      Algorithm::kRecursiveDoubling}) {
+  for (Algorithm a :
+       {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
+        Algorithm::kRecursiveDoubling, Algorithm::kTwoLevel, Algorithm::kTwoLevelDirect}) {
     const double cost = estimateMicros(a, input);
     if (!std::isfinite(cost)) continue;
     if (reason) *reason << name(a) << "=" << cost << "us ";

@@ -10,6 +10,9 @@ enum class Algorithm {
   kRecursiveDoubling,       // TCP: log2(n) exchanges of the whole buffer (fold-in for non-2^k)
   kShmDirect,               // shared memory: everyone reduces everything, one synchronisation
   kShmReduceScatterGather,  // shared memory: segment per rank, then copy-out
+  // Several hosts with several ranks each (core/collectives/two_level.h):
+  kTwoLevel,        // reduce-scatter in the host, ring across hosts per block, all-gather
+  kTwoLevelDirect,  // host sum in shared memory, recursive doubling across hosts
 };
 
 std::string_view name(Algorithm algorithm);
@@ -28,6 +31,15 @@ struct TunerInput {
   int world_size = 1;
   bool shm = false;  // all ranks on one host with a shared segment
   size_t shm_slot_bytes = 0;
+  // Several hosts: how many, the most ranks one has, and whether each host's ranks share a
+  // segment (the two-level algorithms; shm_slot_bytes is then that segment's).
+  int hosts = 1;
+  int ranks_per_host = 1;
+  bool host_shm = false;
+  // The link between two hosts (all its rails together): α per message, β of payload; from
+  // the cluster graph's rails (nominal, or probed with RAILSHARD_PROBE), tcpModel() when
+  // unknown. Flat algorithms over several hosts are bound by it too.
+  LinkModel network{0, 0};
 };
 
 struct TunerChoice {
@@ -47,5 +59,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input);
 
 LinkModel shmModel();
 LinkModel tcpModel();
+// The network model of `input`: its own when set, else tcpModel().
+LinkModel networkModel(const TunerInput& input);
 
 }  // namespace railshard::collectives

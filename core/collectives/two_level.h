@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstddef>
+
+#include "core/base/types.h"
+#include "core/collectives/context.h"
+#include "core/collectives/host_layout.h"
+
+namespace railshard::collectives {
+
+class ShmEngine;
+
+// Two-level all-reduce for several ranks per host (DESIGN.md): the ranks of each host meet in
+// shared memory (`host`, over this rank's host's ranks), and only one rank per host and block
+// crosses the network, so each host sends 2(H-1)/H of the message in all instead of the flat
+// ring's 2(n-1)/n, and every local rank drives the rails at once. `ctx` is the whole
+// communicator's (its transport reaches every rank; the cross-host steps run over views of
+// it). Avg sums at both levels and divides once by the world size.
+//
+// Any failure inside the host (a peer's process gone, a header mismatch) is also sent to the
+// other hosts through the transport, so that no rank waits there for its deadline.
+
+// `host` is null on a rank alone on its host: it skips the phases inside the host (every rank
+// must still run the same algorithm, the cross-host steps need it).
+
+// Large messages: reduce-scatter in the host, ring all-reduce of each block across hosts,
+// all-gather in the host.
+void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                       const void* send, void* recv, size_t count, DataType dtype, ReduceOp op);
+// Small messages: every rank of a host reduces the host's whole sum (one synchronisation),
+// then recursive doubling across hosts within each rank's group (directGroups); no final
+// step inside the host. Needs count * size(dtype) <= host->slotBytes().
+void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                             const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op);
+
+}  // namespace railshard::collectives

@@ -1,0 +1,164 @@
+// Which ranks share a host, and the shared-memory segment each host's ranks map
+// (docs/architecture.md, "Shared memory").
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/base/error.h"
+#include "core/base/logging.h"
+#include "core/collectives/host_layout.h"
+#include "core/collectives/shm_engine.h"
+#include "core/communicator.h"
+#include "core/topology/topology.h"
+#include "transport/shm/host_identity.h"
+#include "transport/shm/shm_segment.h"
+
+namespace railshard {
+
+namespace {
+
+// The link between this rank's host and the slowest-connected other host, as the tuner
+// models it: all rails between the two together (probed figures when RAILSHARD_PROBE measured
+// them, else the NICs' nominal speed), α the slowest rail's probed latency or TCP's default.
+// Zero β when the graph does not know (the tuner then uses tcpModel()).
+collectives::LinkModel networkBetweenHosts(const topology::Topology* graph,
+                                           const collectives::HostLayout& layout, int rank) {
+  collectives::LinkModel model{collectives::tcpModel().alpha_us, 0};
+  if (graph == nullptr || graph->worldSize() != layout.worldSize() || layout.hostCount() < 2) {
+    return model;
+  }
+  const std::string& mine = graph->rank(rank).host;
+  double slowest = std::numeric_limits<double>::infinity();
+  for (const auto& ranks : layout.hosts) {
+    const std::string& theirs = graph->rank(ranks.front()).host;
+    if (theirs == mine) continue;
+    double gbps = 0;
+    for (const auto& rail : graph->rails(mine, theirs)) {
+      gbps += rail.gbps();
+      if (rail.latency_us > 0) model.alpha_us = std::max(model.alpha_us, rail.latency_us);
+    }
+    if (gbps <= 0) return {model.alpha_us, 0};  // one host pair unknown: no figure at all
+    slowest = std::min(slowest, gbps);
+  }
+  if (std::isfinite(slowest)) model.beta_gbps = slowest / 8;  // Gbit/s -> GB/s
+  return model;
+}
+
+}  // namespace
+
+void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
+  if (size_ == 1) return;
+  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
+  auto key = [&](const std::string& what, int r) {
+    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
+  };
+  // A host is what the cluster graph says (ranks in separate network/UTS namespaces, or a
+  // topology file that says so, are different hosts even when they could map the same
+  // memory: the graph is the authority on what the user wants treated as a host), split
+  // further by what can really share memory (boot id + /dev/shm).
+  store.setString(key("host", rank_), transport::shm::hostIdentity(), timeout);
+  const bool graph = topology_ != nullptr && topology_->worldSize() == size_;
+  std::vector<std::string> keys(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    keys[static_cast<size_t>(r)] = (graph ? topology_->rank(r).host + "|" : std::string()) +
+                                   store.getString(key("host", r), timeout);
+  }
+  layout_ = std::make_unique<collectives::HostLayout>(collectives::HostLayout::fromKeys(keys));
+  network_ = networkBetweenHosts(topology_.get(), *layout_, rank_);
+  RS_LOG_DEBUG("rank {}: {}", rank_, layout_->describe());
+  if (config_.transport == "tcp" || config_.transport == "ibverbs") return;
+  if (layout_->hostCount() > 1 && config_.transport == "shm") {
+    throw ConfigError(
+        "RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
+        "not share /dev/shm): " +
+        layout_->describe());
+  }
+  const auto& mine =
+      layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank_)])];
+  if (mine.size() > 1) mapHostSegment(store, key_prefix, mine);
+  if (layout_->hostCount() == 1 || !layout_->twoLevel()) return;
+  // Two levels only if every host with several ranks has its segment: each host's leader
+  // published its segment's name (empty when it could not make one), and all ranks read every
+  // leader's, so all of them agree on the algorithms.
+  // The smallest host's slot bounds the direct variant everywhere, so that every rank makes
+  // the same choice for a message size.
+  two_level_ = true;
+  host_slot_bytes_ = std::numeric_limits<size_t>::max();
+  for (const auto& ranks : layout_->hosts) {
+    if (ranks.size() < 2) continue;
+    const std::string published = store.getString(key("name", ranks.front()), timeout);
+    if (published.empty()) {
+      two_level_ = false;
+      continue;
+    }
+    host_slot_bytes_ =
+        std::min<size_t>(host_slot_bytes_, std::stoull(published.substr(published.find('|') + 1)));
+  }
+  if (!two_level_) {
+    host_shm_.reset();
+    RS_LOG_WARN("rank {}: a host could not map shared memory; all-reduces run flat over tcp",
+                rank_);
+  }
+}
+
+void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
+                                  const std::vector<int>& mine) {
+  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
+  auto key = [&](const std::string& what, int r) {
+    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
+  };
+  const int local_rank = layout_->local_rank_of[static_cast<size_t>(rank_)];
+  const int local_size = static_cast<int>(mine.size());
+  const int leader = mine.front();
+  // The host's lowest rank sizes and creates the segment, and unlinks its name once the
+  // host's ranks have it mapped, so a killed job leaves nothing behind in /dev/shm. When it
+  // cannot (no room in /dev/shm), it publishes an empty name and the host's ranks stay on TCP.
+  std::unique_ptr<transport::shm::ShmSegment> segment;
+  if (rank_ == leader) {
+    std::string published;
+    try {
+      const size_t slot = transport::shm::chooseSlotBytes(config_.shm_slot_bytes, local_size);
+      const std::string name = transport::shm::ShmSegment::makeName();
+      segment = transport::shm::ShmSegment::create(name, local_size, slot);
+      published = name + "|" + std::to_string(slot);
+    } catch (const Error& e) {
+      if (config_.transport == "shm") throw;
+      RS_LOG_WARN("shared memory unavailable, using tcp: {}", e.what());
+    }
+    store.setString(key("name", leader), published, timeout);
+  } else {
+    const std::string published = store.getString(key("name", leader), timeout);
+    if (!published.empty()) {
+      const auto bar = published.find('|');
+      const size_t slot = std::stoull(published.substr(bar + 1));
+      segment = transport::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
+    } else if (config_.transport == "shm") {
+      throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank " + std::to_string(leader) +
+                        " could not create the shared memory segment (see its log)");
+    }
+    store.setString(key("attached", rank_), "1", timeout);
+  }
+  if (rank_ == leader && segment) {
+    std::vector<std::string> attached;
+    for (size_t i = 1; i < mine.size(); ++i) attached.push_back(key("attached", mine[i]));
+    store.wait(attached, timeout);
+    segment->unlink();
+  }
+  // Whether the leader's segment exists decides for the whole host: every rank of it either
+  // maps it or (empty name) none does, so all agree on the algorithms.
+  if (!segment) return;
+  RS_LOG_DEBUG("rank {}: shared memory segment {} ({} ranks, {} bytes per slot)", rank_,
+               segment->name(), local_size, segment->slotBytes());
+  auto engine = std::make_unique<collectives::ShmEngine>(
+      std::move(segment), local_rank, local_size,
+      std::chrono::duration_cast<Duration>(config_.timeout),
+      std::chrono::duration_cast<Duration>(config_.spin), mine);
+  if (layout_->hostCount() == 1) {
+    shm_ = std::move(engine);
+  } else {
+    host_shm_ = std::move(engine);
+  }
+}
+
+}  // namespace railshard

@@ -1,0 +1,428 @@
+// Two-level collectives: ranks placed on several "hosts" by a cluster graph (threads of this
+// process, so they can all map memory; the graph is what makes them hosts), each host's ranks
+// sharing one segment, the hosts joined by real loopback TCP. Results are checked against the
+// scalar reference of tests/reference.h, the plan against a brute-force owner search.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/base/error.h"
+#include "core/base/memory_store.h"
+#include "core/collectives/host_layout.h"
+#include "core/communicator.h"
+#include "core/topology/topology.h"
+#include "tests/reference.h"
+#include "tests/test_util.h"
+#include "transport/transport.h"
+
+namespace railshard {
+namespace {
+
+using collectives::CrossRange;
+using collectives::HostLayout;
+
+// ---- the plan ----
+
+HostLayout layoutOf(const std::vector<int>& per_host) {
+  std::vector<std::string> keys;
+  for (size_t h = 0; h < per_host.size(); ++h) {
+    for (int i = 0; i < per_host[h]; ++i) keys.push_back("host" + std::to_string(h));
+  }
+  return HostLayout::fromKeys(keys);
+}
+
+TEST(HostLayout, GroupsRanksByKeyInOrderOfTheirLowestRank) {
+  const HostLayout layout = HostLayout::fromKeys({"b", "a", "b", "c", "a"});
+  ASSERT_EQ(layout.hostCount(), 3);
+  EXPECT_EQ(layout.hosts[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(layout.hosts[1], (std::vector<int>{1, 4}));
+  EXPECT_EQ(layout.hosts[2], (std::vector<int>{3}));
+  EXPECT_EQ(layout.host_of, (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(layout.local_rank_of, (std::vector<int>{0, 0, 1, 0, 1}));
+  EXPECT_EQ(layout.maxLocal(), 2);
+  EXPECT_TRUE(layout.twoLevel());
+  EXPECT_EQ(layout.describe(), "3 hosts (2,2,1 ranks)");
+  EXPECT_EQ(layoutOf({2, 2}).describe(), "2 hosts x 2 ranks");
+  EXPECT_FALSE(layoutOf({1, 1, 1}).twoLevel());
+  EXPECT_FALSE(layoutOf({4}).twoLevel());
+  EXPECT_THROW(HostLayout::fromKeys({}), InvalidArgument);
+  try {
+    HostLayout::fromKeys({"a", ""});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HostLayout, HostBlocksAreBalancedAndCoverTheBuffer) {
+  for (size_t count : {0, 1, 2, 3, 7, 1000, 1001}) {
+    for (int l = 1; l <= 5; ++l) {
+      const auto b = collectives::hostBlocks(count, l);
+      ASSERT_EQ(b.size(), static_cast<size_t>(l) + 1);
+      EXPECT_EQ(b.front(), 0u);
+      EXPECT_EQ(b.back(), count);
+      for (int i = 0; i < l; ++i) {
+        const size_t length = b[static_cast<size_t>(i) + 1] - b[static_cast<size_t>(i)];
+        EXPECT_TRUE(length == count / static_cast<size_t>(l) ||
+                    length == count / static_cast<size_t>(l) + 1)
+            << count << " " << l;
+      }
+    }
+  }
+}
+
+// Every element must be all-reduced exactly once, by the rank that owns it on every host.
+TEST(HostLayout, CrossRangesGiveEveryElementItsOwnerOnEveryHost) {
+  for (const auto& per_host : std::vector<std::vector<int>>{
+           {2, 2}, {4, 4}, {2, 2, 2}, {1, 2, 3}, {3, 1}, {1, 1}, {5, 2, 3, 1}}) {
+    const HostLayout layout = layoutOf(per_host);
+    for (size_t count : {0, 1, 2, 5, 6, 7, 30, 1001}) {
+      const auto ranges = collectives::crossRanges(layout, count);
+      size_t next = 0;
+      for (const CrossRange& range : ranges) {
+        ASSERT_EQ(range.begin, next);
+        ASSERT_LT(range.begin, range.end);
+        next = range.end;
+        for (size_t i = range.begin; i < range.end; ++i) {
+          std::vector<int> owners;  // brute force: scan each host's blocks
+          for (size_t h = 0; h < layout.hosts.size(); ++h) {
+            const auto& ranks = layout.hosts[h];
+            const auto b = collectives::hostBlocks(count, static_cast<int>(ranks.size()));
+            for (size_t l = 0; l < ranks.size(); ++l) {
+              if (b[l] <= i && i < b[l + 1]) owners.push_back(ranks[l]);
+            }
+          }
+          ASSERT_EQ(range.members, owners) << "element " << i << " of " << count;
+        }
+      }
+      EXPECT_EQ(next, count);
+      for (size_t k = 1; k < ranges.size(); ++k) {
+        EXPECT_NE(ranges[k].members, ranges[k - 1].members) << "unmerged neighbours";
+      }
+    }
+  }
+  // Equal hosts: one range per local index, across the ranks of that index.
+  const auto even = collectives::crossRanges(layoutOf({2, 2}), 10);
+  ASSERT_EQ(even.size(), 2u);
+  EXPECT_EQ(even[0], (CrossRange{0, 5, {0, 2}}));
+  EXPECT_EQ(even[1], (CrossRange{5, 10, {1, 3}}));
+}
+
+TEST(HostLayout, DirectGroupsSpanEveryHostAndCoverEveryRank) {
+  const HostLayout layout = layoutOf({1, 2, 3});
+  const auto groups = collectives::directGroups(layout);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(groups[0], (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(groups[1], (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(groups[2], (std::vector<int>{0, 1, 5}));
+}
+
+// ---- collectives on several hosts ----
+
+// A cluster graph of hosts h0, h1, ... with per_host[h] ranks each, numbered host by host.
+std::shared_ptr<topology::Topology> graphOf(const std::vector<int>& per_host) {
+  auto graph = std::make_shared<topology::Topology>();
+  std::vector<topology::RankPlacement> ranks;
+  for (size_t h = 0; h < per_host.size(); ++h) {
+    topology::Vertex host;
+    host.id = host.host = host.name = "h" + std::to_string(h);
+    host.kind = topology::VertexKind::kHost;
+    graph->addVertex(host);
+    for (int l = 0; l < per_host[h]; ++l) {
+      topology::RankPlacement placement;
+      placement.rank = static_cast<int>(ranks.size());
+      placement.host = host.id;
+      placement.local_rank = l;
+      ranks.push_back(placement);
+    }
+  }
+  graph->setRanks(std::move(ranks));
+  return graph;
+}
+
+std::vector<std::exception_ptr> onHosts(const std::vector<int>& per_host,
+                                        const std::function<void(Communicator&)>& body,
+                                        const std::function<void(int, Config&)>& tweak = {}) {
+  const int size = std::accumulate(per_host.begin(), per_host.end(), 0);
+  MemoryStore store;
+  auto graph = graphOf(per_host);
+  return test::runRanks(size, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = size;
+    options.config.timeout = std::chrono::seconds(60);
+    options.config.connect_timeout = std::chrono::seconds(30);
+    options.config.chunk_bytes = 16 * 1024;     // several ring slices at moderate counts
+    options.config.shm_slot_bytes = 64 * 1024;  // several shared-memory pieces too
+    options.topology = graph;
+    if (tweak) tweak(rank, options.config);
+    auto comm = Communicator::create(store, options);
+    body(*comm);
+  });
+}
+
+std::string layoutName(const std::vector<int>& per_host) {
+  std::string text;
+  for (int n : per_host) text += (text.empty() ? "" : "_") + std::to_string(n);
+  return text;
+}
+
+const std::vector<DataType> kDataTypes = {
+    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+    DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
+                                    ReduceOp::kAvg};
+
+std::string firstDifferences(const void* buffer, size_t count, int size, DataType dtype,
+                             ReduceOp op) {
+  std::string failures;
+  int reported = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double expected = test::expectedValue(size, i, dtype, op);
+    const double got = test::loadValue(buffer, i, dtype);
+    const double tolerance =
+        (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0.0;
+    if (std::fabs(got - expected) > tolerance && reported++ < 3) {
+      failures += " [" + std::to_string(i) + "] got " + std::to_string(got) + " expected " +
+                  std::to_string(expected) + ";";
+    }
+  }
+  return failures;
+}
+
+// (ranks per host, RAILSHARD_ALGO)
+class TwoLevelAllreduce
+    : public ::testing::TestWithParam<std::tuple<std::vector<int>, std::string>> {};
+
+TEST_P(TwoLevelAllreduce, EveryDtypeOpAndCountMatchesScalarReference) {
+  const auto& per_host = std::get<0>(GetParam());
+  const std::string algorithm = std::get<1>(GetParam());
+  const int size = std::accumulate(per_host.begin(), per_host.end(), 0);
+  const std::vector<size_t> counts = {0, 1, 5, 7, 1000, 40001};
+  auto errors = onHosts(
+      per_host,
+      [&](Communicator& comm) {
+        if (!comm.usesHostSharedMemory() || comm.usesSharedMemory()) {
+          throw std::runtime_error("rank " + std::to_string(comm.rank()) +
+                                   ": no per-host shared memory");
+        }
+        std::vector<uint8_t> input;
+        std::vector<uint8_t> output;
+        int variant = 0;
+        for (size_t count : counts) {
+          for (DataType dtype : kDataTypes) {
+            for (ReduceOp op : kOps) {
+              input.assign(std::max<size_t>(1, count * sizeOf(dtype)), 0);
+              for (size_t i = 0; i < count; ++i) {
+                test::storeValue(input.data(), i, dtype,
+                                 test::inputValue(comm.rank(), i, dtype, op));
+              }
+              const bool in_place = (variant++ % 2) == 0;
+              if (in_place) {
+                comm.allreduce(input.data(), count, dtype, op);
+              } else {
+                output.assign(input.size(), 0xee);
+                comm.allreduce(input.data(), output.data(), count, dtype, op);
+              }
+              const std::string failures =
+                  firstDifferences(in_place ? input.data() : output.data(), count, size, dtype, op);
+              if (!failures.empty()) {
+                throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
+                                         std::to_string(count) + " " + std::string(name(dtype)) +
+                                         " " + std::string(name(op)) +
+                                         (in_place ? " in-place" : "") + ":" + failures);
+              }
+              const std::string ran(comm.lastAlgorithm());
+              // two_level_direct takes messages up to one slot; larger ones fall back.
+              if (algorithm != "auto" && ran != algorithm &&
+                  !(algorithm == "two_level_direct" && ran == "two_level")) {
+                throw std::runtime_error("ran " + ran + ", not " + algorithm);
+              }
+            }
+          }
+        }
+      },
+      [&](int, Config& config) { config.algorithm = algorithm; });
+  test::rethrowFirst(errors);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TwoLevelAllreduce,
+    ::testing::Combine(::testing::Values(std::vector<int>{2, 2}, std::vector<int>{2, 2, 2},
+                                         std::vector<int>{1, 2, 3}, std::vector<int>{3, 1}),
+                       ::testing::Values("two_level", "two_level_direct", "auto")),
+    [](const auto& info) {
+      return "hosts_" + layoutName(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+    });
+
+// Large enough for several pieces of every phase; exact small integers in float.
+TEST(TwoLevel, LargeMessageIsExactAndRanksOfOneHostSendNothingToEachOtherOverTcp) {
+  const std::vector<int> per_host = {2, 2};
+  const size_t count = (size_t{1} << 20) + 3;
+  auto errors = onHosts(
+      per_host,
+      [&](Communicator& comm) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) {
+          data[i] = static_cast<float>(
+              test::inputValue(comm.rank(), i, DataType::kFloat32, ReduceOp::kSum));
+        }
+        comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+        if (comm.lastAlgorithm() != "two_level") {
+          throw std::runtime_error("ran " + std::string(comm.lastAlgorithm()));
+        }
+        const std::string failures =
+            firstDifferences(data.data(), count, 4, DataType::kFloat32, ReduceOp::kSum);
+        if (!failures.empty()) throw std::runtime_error(failures);
+        // Bytes counted per connection: none to the rank of the same host, and to the other
+        // host's rank of the same local index exactly this rank's share of the ring: half of its
+        // block (the reduce-scatter step) and half again (the all-gather step).
+        const auto* layout = comm.hostLayout();
+        uint64_t to_host = 0;
+        uint64_t to_others = 0;
+        for (const auto& rail : comm.transport().rails()) {
+          if (layout->host_of[static_cast<size_t>(rail.peer)] ==
+              layout->host_of[static_cast<size_t>(comm.rank())]) {
+            to_host += rail.bytes_sent;
+          } else {
+            to_others += rail.bytes_sent;
+          }
+        }
+        if (to_host != 0) throw std::runtime_error(std::to_string(to_host) + " bytes to the host");
+        const auto blocks = collectives::hostBlocks(count, 2);
+        const size_t local =
+            static_cast<size_t>(layout->local_rank_of[static_cast<size_t>(comm.rank())]);
+        const size_t block = blocks[local + 1] - blocks[local];
+        // The 2-rank ring sends the peer's segment, then its own: the whole block once.
+        if (to_others != block * sizeof(float)) {
+          throw std::runtime_error(std::to_string(to_others) + " bytes across hosts, expected " +
+                                   std::to_string(block * sizeof(float)));
+        }
+      },
+      [](int, Config& config) {
+        // Loopback between the "hosts" is as fast as TCP gets, and the model rightly prefers the
+        // flat ring there; the byte counts are the two-level's.
+        config.algorithm = "two_level";
+      });
+  test::rethrowFirst(errors);
+}
+
+// The other collectives still run on a two-level layout (over the transport), and the
+// segment does not disturb them.
+TEST(TwoLevel, OtherCollectivesInterleavedWithTwoLevelAllreduces) {
+  const std::vector<int> per_host = {1, 2, 3};
+  const int size = 6;
+  auto errors = onHosts(per_host, [&](Communicator& comm) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int32_t> data(300, comm.rank() + round);
+      comm.allreduce(data.data(), data.size(), DataType::kInt32, ReduceOp::kSum);
+      for (int32_t v : data) {
+        if (v != 15 + size * round) throw std::runtime_error("allreduce " + std::to_string(v));
+      }
+      std::vector<int32_t> gathered(size * 4);
+      std::vector<int32_t> mine(4, comm.rank());
+      comm.allgather(mine.data(), gathered.data(), 4, DataType::kInt32);
+      for (int r = 0; r < size; ++r) {
+        if (gathered[static_cast<size_t>(r) * 4] != r) throw std::runtime_error("allgather");
+      }
+      std::vector<int32_t> root(8, comm.rank() == round ? 42 + round : -1);
+      comm.broadcast(root.data(), root.size(), DataType::kInt32, round);
+      if (root[7] != 42 + round) throw std::runtime_error("broadcast");
+      comm.barrier();
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST(TwoLevel, CountMismatchIsCaughtOnEveryRank) {
+  auto errors = onHosts(
+      {2, 2},
+      [&](Communicator& comm) {
+        const size_t count = comm.rank() == 3 ? 7 : 1000;
+        std::vector<float> data(count, 1.0f);
+        comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      },
+      [](int, Config& config) { config.timeout = std::chrono::seconds(20); });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[static_cast<size_t>(r)]);
+    } catch (const MismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("count"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+    }
+  }
+}
+
+// A rank that leaves mid-job: its host's peer (shared memory) and the other host's ranks
+// (TCP) all raise PeerLostError naming it, well inside their deadline.
+TEST(TwoLevel, RankThatLeavesIsNamedOnEveryHost) {
+  for (const int leaver : {1, 2}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto errors = onHosts(
+        {2, 2},
+        [&](Communicator& comm) {
+          std::vector<float> data(50000, 1.0f);
+          comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+          if (comm.rank() == leaver) return;  // closes its communicator
+          comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+        },
+        [](int, Config& config) { config.timeout = std::chrono::seconds(30); });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 15.0) << "leaver " << leaver;
+    EXPECT_FALSE(errors[static_cast<size_t>(leaver)]);
+    for (int r = 0; r < 4; ++r) {
+      if (r == leaver) continue;
+      ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
+      try {
+        std::rethrow_exception(errors[static_cast<size_t>(r)]);
+      } catch (const PeerLostError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(leaver)), std::string::npos)
+            << "rank " << r << ": " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+      }
+    }
+  }
+}
+
+TEST(TwoLevel, ForcedWithoutSeveralRanksPerHostIsAConfigError) {
+  auto errors = onHosts(
+      {1, 1},
+      [&](Communicator& comm) {
+        std::vector<float> data(10, 1.0f);
+        comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      [](int, Config& config) { config.algorithm = "two_level"; });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const ConfigError& c) {
+      EXPECT_NE(std::string(c.what()).find("two_level"), std::string::npos) << c.what();
+    }
+  }
+  // RAILSHARD_TRANSPORT=tcp keeps same-host ranks on TCP (the flat algorithms).
+  auto flat = onHosts(
+      {2, 2},
+      [&](Communicator& comm) {
+        if (comm.usesHostSharedMemory()) throw std::runtime_error("shared memory despite tcp");
+        std::vector<float> data(10, 1.0f);
+        comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (data[0] != 4.0f) throw std::runtime_error("wrong sum");
+      },
+      [](int, Config& config) { config.transport = "tcp"; });
+  test::rethrowFirst(flat);
+}
+
+}  // namespace
+}  // namespace railshard
