@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -16,10 +17,13 @@
 #include "core/base/error.h"
 #include "core/base/memory_store.h"
 #include "core/collectives/host_layout.h"
+#include "core/collectives/pipeline_worker.h"
+#include "core/collectives/two_level.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace railshard {
@@ -124,7 +128,41 @@ TEST(HostLayout, DirectGroupsSpanEveryHostAndCoverEveryRank) {
   EXPECT_EQ(groups[2], (std::vector<int>{0, 1, 5}));
 }
 
+// ---- the pipeline's second thread ----
+
+TEST(PipelineWorker, RunsJobsInOrderAndStopsAtTheFirstError) {
+  std::vector<size_t> ran;
+  {
+    collectives::PipelineWorker worker(
+        [&](size_t i) {
+          if (i == 2) throw TimeoutError("job 2 timed out");
+          ran.push_back(i);
+        },
+        -1);
+    for (int i = 0; i < 4; ++i) worker.submit();
+    worker.waitFor(0);
+    worker.waitFor(1);
+    for (size_t i : {2, 3}) {
+      try {
+        worker.waitFor(i);
+        FAIL() << "job " << i << " did not raise";
+      } catch (const TimeoutError& e) {
+        EXPECT_STREQ(e.what(), "job 2 timed out");
+      }
+    }
+  }  // joins without running job 3
+  EXPECT_EQ(ran, (std::vector<size_t>{0, 1}));
+}
+
 // ---- collectives on several hosts ----
+
+// "h<index>", built by appending: GCC 12 warns (-Wrestrict, a false positive) about
+// "h" + std::to_string(...).
+std::string hostName(size_t index) {
+  std::string name = "h";
+  name += std::to_string(index);
+  return name;
+}
 
 // A cluster graph of hosts h0, h1, ... with per_host[h] ranks each, numbered host by host.
 std::shared_ptr<topology::Topology> graphOf(const std::vector<int>& per_host) {
@@ -132,7 +170,7 @@ std::shared_ptr<topology::Topology> graphOf(const std::vector<int>& per_host) {
   std::vector<topology::RankPlacement> ranks;
   for (size_t h = 0; h < per_host.size(); ++h) {
     topology::Vertex host;
-    host.id = host.host = host.name = "h" + std::to_string(h);
+    host.id = host.host = host.name = hostName(h);
     host.kind = topology::VertexKind::kHost;
     graph->addVertex(host);
     for (int l = 0; l < per_host[h]; ++l) {
@@ -170,7 +208,10 @@ std::vector<std::exception_ptr> onHosts(const std::vector<int>& per_host,
 
 std::string layoutName(const std::vector<int>& per_host) {
   std::string text;
-  for (int n : per_host) text += (text.empty() ? "" : "_") + std::to_string(n);
+  for (int n : per_host) {
+    if (!text.empty()) text += '_';
+    text += std::to_string(n);
+  }
   return text;
 }
 
@@ -422,6 +463,171 @@ TEST(TwoLevel, ForcedWithoutSeveralRanksPerHostIsAConfigError) {
       },
       [](int, Config& config) { config.transport = "tcp"; });
   test::rethrowFirst(flat);
+}
+
+// Large enough to be pipelined in several chunks (twoLevelChunks), on unequal hosts.
+TEST(TwoLevel, PipelinedChunksOnUnequalHostsAreExact) {
+  const std::vector<int> per_host = {1, 2, 3};
+  const size_t count = (size_t{3} << 19) + 7;  // 6 MiB of floats: 3 chunks
+  ASSERT_GE(collectives::twoLevelChunks(count, 4), 3u);
+  auto errors = onHosts(
+      per_host,
+      [&](Communicator& comm) {
+        for (const auto& [dtype, op] :
+             std::vector<std::pair<DataType, ReduceOp>>{{DataType::kFloat32, ReduceOp::kSum},
+                                                        {DataType::kInt32, ReduceOp::kAvg},
+                                                        {DataType::kBFloat16, ReduceOp::kMax}}) {
+          for (const bool in_place : {true, false}) {
+            std::vector<uint8_t> input(count * sizeOf(dtype));
+            for (size_t i = 0; i < count; ++i) {
+              test::storeValue(input.data(), i, dtype, test::inputValue(comm.rank(), i, dtype, op));
+            }
+            std::vector<uint8_t> output(in_place ? 0 : input.size(), 0xee);
+            void* result = in_place ? input.data() : output.data();
+            comm.allreduce(input.data(), result, count, dtype, op);
+            const std::string failures = firstDifferences(result, count, 6, dtype, op);
+            if (!failures.empty()) {
+              throw std::runtime_error(std::string(name(dtype)) + " " + std::string(name(op)) +
+                                       (in_place ? " in place" : "") + ":" + failures);
+            }
+          }
+        }
+      },
+      [](int, Config& config) { config.algorithm = "two_level"; });
+  test::rethrowFirst(errors);
+}
+
+// A rank that leaves while the others are in a pipelined all-reduce (the worker thread waiting
+// on the rails, this thread in shared memory): every survivor raises PeerLostError naming it,
+// and no thread is left behind.
+TEST(TwoLevel, RankThatLeavesMidPipelineIsNamedOnEveryHost) {
+  for (const int leaver : {1, 3}) {
+    auto errors = onHosts(
+        {2, 2},
+        [&](Communicator& comm) {
+          std::vector<float> data(size_t{1} << 21, 1.0f);  // 8 MiB: 4 chunks
+          if (comm.rank() == leaver) return;
+          comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+        },
+        [](int, Config& config) {
+          config.algorithm = "two_level";
+          config.timeout = std::chrono::seconds(30);
+        });
+    for (int r = 0; r < 4; ++r) {
+      if (r == leaver) continue;
+      ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
+      try {
+        std::rethrow_exception(errors[static_cast<size_t>(r)]);
+      } catch (const PeerLostError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(leaver)), std::string::npos)
+            << "rank " << r << ": " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+      }
+    }
+  }
+}
+
+// Two hosts joined by two "rails" on loopback addresses (127.0.0.x and 127.0.1.x are all this
+// machine's): the cross-host rings stripe over both, and a rail broken in the middle of a
+// two-level all-reduce fails over without losing or corrupting a byte.
+std::shared_ptr<topology::Topology> twoRailGraph() {
+  auto graph = std::make_shared<topology::Topology>();
+  std::vector<topology::RankPlacement> ranks;
+  for (int h = 0; h < 2; ++h) {
+    const std::string host = hostName(static_cast<size_t>(h));
+    topology::Vertex vertex;
+    vertex.id = vertex.host = vertex.name = host;
+    vertex.kind = topology::VertexKind::kHost;
+    graph->addVertex(vertex);
+    for (int rail = 0; rail < 2; ++rail) {
+      const std::string cidr =
+          std::string("127.0.") + std::to_string(rail) + "." + std::to_string(h + 1) + "/24";
+      topology::Vertex nic;
+      nic.id = host + "/rail" + std::to_string(rail);
+      nic.kind = topology::VertexKind::kNic;
+      nic.host = host;
+      nic.name = "rail" + std::to_string(rail);
+      nic.up = true;
+      nic.speed_gbps = rail == 0 ? 10 : 2.5;
+      nic.addresses = {cidr};
+      graph->addVertex(nic);
+      const std::string network = topology::networkIdOf(cidr);
+      if (graph->find(network) == nullptr) {
+        topology::Vertex net;
+        net.id = network;
+        net.kind = topology::VertexKind::kNetwork;
+        graph->addVertex(net);
+      }
+      graph->addLink({nic.id, network, topology::LinkKind::kEthernet});
+    }
+    for (int l = 0; l < 2; ++l) {
+      topology::RankPlacement placement;
+      placement.rank = static_cast<int>(ranks.size());
+      placement.host = host;
+      placement.local_rank = l;
+      ranks.push_back(placement);
+    }
+  }
+  graph->setRanks(std::move(ranks));
+  return graph;
+}
+
+TEST(TwoLevel, RailBrokenMidAllreduceFailsOverAndResultsStayExact) {
+  auto graph = twoRailGraph();
+  ASSERT_EQ(graph->rails("h0", "h1").size(), 2u);
+  MemoryStore store;
+  const size_t count = size_t{1} << 24;  // 64 MiB of floats: long enough to break a rail in
+  std::atomic<bool> broke_inside{false};
+  auto errors = test::runRanks(4, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = 4;
+    options.config.timeout = std::chrono::seconds(60);
+    options.config.connect_timeout = std::chrono::seconds(30);
+    options.config.algorithm = "two_level";
+    options.topology = graph;
+    auto comm = Communicator::create(store, options);
+    if (comm->transport().rails().size() < 4) {  // 2 rails to each of the other host's ranks
+      throw std::runtime_error("rank " + std::to_string(rank) + ": " +
+                               std::to_string(comm->transport().rails().size()) + " rails");
+    }
+    std::vector<float> data(count);
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < count; ++i) {
+        data[i] = static_cast<float>(test::inputValue(rank, i, DataType::kFloat32, ReduceOp::kSum));
+      }
+      std::atomic<bool> inside{true};
+      std::thread breaker;
+      if (rank == 0 && round == 1) {
+        breaker = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          auto& tcp = dynamic_cast<transport::tcp::TcpTransport&>(comm->transport());
+          tcp.breakConnectionForTesting(2, 1);  // rank 2: the other host's local rank 0
+          broke_inside = inside.load();
+        });
+      }
+      comm->allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      inside = false;
+      if (breaker.joinable()) breaker.join();
+      const std::string failures =
+          firstDifferences(data.data(), count, 4, DataType::kFloat32, ReduceOp::kSum);
+      if (!failures.empty()) {
+        throw std::runtime_error("rank " + std::to_string(rank) + " round " +
+                                 std::to_string(round) + ":" + failures);
+      }
+    }
+    if (rank == 0) {
+      bool both_carried = true;
+      for (const auto& rail : comm->transport().rails()) {
+        if (rail.peer == 2 && rail.bytes_sent == 0) both_carried = false;
+      }
+      if (!both_carried) throw std::runtime_error("a rail to rank 2 carried nothing");
+    }
+  });
+  test::rethrowFirst(errors);
+  // Timing, not correctness: on a badly loaded machine the break may land after the call.
+  if (!broke_inside) GTEST_SKIP() << "the rail broke after the all-reduce had finished";
 }
 
 }  // namespace

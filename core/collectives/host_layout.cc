@@ -46,16 +46,17 @@ std::string HostLayout::describe() const {
            (hosts.front().size() == 1 ? " rank" : " ranks");
   }
   std::string sizes;
-  for (const auto& ranks : hosts)
-    sizes += (sizes.empty() ? "" : ",") + std::to_string(ranks.size());
+  for (const auto& ranks : hosts) {
+    if (!sizes.empty()) sizes += ',';
+    sizes += std::to_string(ranks.size());
+  }
   return count + " (" + sizes + " ranks)";
 }
 
 std::vector<size_t> hostBlocks(size_t count, int local_size) {
   const size_t n = static_cast<size_t>(std::max(1, local_size));
   std::vector<size_t> begin(n + 1);
-  // Balanced: block lengths differ by at most one element. count * l may overflow only for
-  // counts beyond any real buffer (the Communicator bounds count * element size).
+  // Balanced: block lengths differ by at most one element.
   for (size_t l = 0; l <= n; ++l) begin[l] = count / n * l + std::min(l, count % n);
   return begin;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/base/error.h"
+#include "core/collectives/two_level.h"
 
 namespace railshard::collectives {
 
@@ -55,6 +56,21 @@ LinkModel tcpModel() {
 LinkModel networkModel(const TunerInput& input) {
   return input.network.beta_gbps > 0 ? input.network : tcpModel();
 }
+
+namespace {
+
+// What a flat algorithm over all ranks moves through: between hosts the network, and with
+// several ranks per host also loopback TCP between the ranks of a host; a step waits for the
+// slower of the two.
+LinkModel flatModel(const TunerInput& input) {
+  const LinkModel network = networkModel(input);
+  if (input.hosts < 2 || input.ranks_per_host < 2) return network;
+  const LinkModel loopback = tcpModel();
+  return {std::max(network.alpha_us, loopback.alpha_us),
+          std::min(network.beta_gbps, loopback.beta_gbps)};
+}
+
+}  // namespace
 // A CPU reduction of two operands into a third, memory-bound on that machine (GB/s of vector).
 constexpr double kReduceGBps = 2.0;
 
@@ -79,7 +95,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       return pieces * 3 * m.alpha_us + transfer(bytes * ((n - 1) / n + 1 + 1 + 1), m);
     }
     case Algorithm::kRing: {
-      const LinkModel m = networkModel(input);
+      const LinkModel m = flatModel(input);
       return 2 * (n - 1) * (m.alpha_us + transfer(bytes / n, m));
     }
     case Algorithm::kRecursiveDoubling: {
@@ -87,7 +103,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       // all arrived, so the reduction is not hidden behind the transfer as in the ring's
       // chunked pipeline. Without this term two ranks would always pick it (one round
       // against the ring's two steps) and lose ~20% on large messages over real links.
-      const LinkModel m = networkModel(input);
+      const LinkModel m = flatModel(input);
       const double rounds = std::floor(std::log2(n));
       const bool power_of_two = std::exp2(rounds) == n;
       return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m)) +
@@ -104,8 +120,13 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       // 1/l, copy out all), about four passes over the message. Across: a ring over h ranks
       // of 1/l of it, l rings side by side sharing the host's link, so 2(h-1)/h of the
       // message leaves each host.
-      return pieces * 4 * s.alpha_us + transfer(bytes * 4, s) + 2 * (h - 1) * m.alpha_us +
-             transfer(bytes * 2 * (h - 1) / h, m);
+      const double in_host = pieces * 4 * s.alpha_us + transfer(bytes * 4, s);
+      const double chunks = static_cast<double>(twoLevelChunks(input.bytes, 1));
+      const double across =
+          2 * (h - 1) * m.alpha_us * chunks + transfer(bytes * 2 * (h - 1) / h, m);
+      // Chunks overlap the two: the slower one, plus one chunk of each to fill and drain.
+      if (chunks <= 1) return in_host + across;
+      return std::max(in_host, across) + (in_host + across) / chunks;
     }
     case Algorithm::kTwoLevelDirect: {
       if (!input.host_shm || input.hosts < 2 || input.bytes > input.shm_slot_bytes)

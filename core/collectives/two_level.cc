@@ -7,6 +7,7 @@
 #include "core/base/error.h"
 #include "core/base/trace.h"
 #include "core/collectives/algorithms.h"
+#include "core/collectives/pipeline_worker.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/reduce.h"
 #include "transport/group_view.h"
@@ -43,36 +44,105 @@ Context over(const Context& ctx, transport::GroupView& view) {
 
 }  // namespace
 
+// Chunks of a pipelined two-level all-reduce: at most kChunks, none below kMinChunkBytes
+// (each chunk's ring pays a few round trips to start; fewer, larger chunks lengthen only the
+// pipeline's fill and drain: the first chunk's reduce-scatter and the last one's all-gather).
+namespace {
+constexpr size_t kChunks = 8;
+constexpr size_t kMinChunkBytes = size_t{2} << 20;
+}  // namespace
+
+size_t twoLevelChunkElements(size_t count, size_t element) {
+  const size_t least = std::max<size_t>(1, kMinChunkBytes / element);
+  return std::max(least, (count + kChunks - 1) / kChunks);
+}
+
+size_t twoLevelChunks(size_t count, size_t element) {
+  const size_t chunk = twoLevelChunkElements(count, element);
+  return std::max<size_t>(1, (count + chunk - 1) / chunk);
+}
+
 void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
                        const void* send, void* recv, size_t count, DataType dtype, ReduceOp op) {
   const size_t element = sizeOf(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const ReduceOp each = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const std::vector<size_t> blocks = hostBlocks(count, host != nullptr ? host->size() : 1);
-  const size_t mine = host != nullptr ? blocks[static_cast<size_t>(host->rank())] : 0;
-  if (host == nullptr) {
-    if (send != recv && count > 0) std::memcpy(out, send, count * element);
-  } else {
+  const int local_size = host != nullptr ? host->size() : 1;
+  const size_t me = host != nullptr ? static_cast<size_t>(host->rank()) : 0;
+  const size_t chunk = twoLevelChunkElements(count, element);
+  const size_t chunks = twoLevelChunks(count, element);
+  auto offsetOf = [&](size_t k) { return k * chunk; };
+  auto lengthOf = [&](size_t k) { return std::min(chunk, count - std::min(count, k * chunk)); };
+  // The three phases of chunk k. A chunk's regions of send and recv are touched by nothing
+  // but its own phases, so the cross-host phase of one chunk (on the worker) and the host
+  // phases of its neighbours (here) never share memory, in place or not.
+  auto reduceInHost = [&](size_t k) {
+    const size_t offset = offsetOf(k);
+    const size_t length = lengthOf(k);
+    if (host == nullptr) {
+      if (send != recv && length > 0) {
+        std::memcpy(out + offset * element, in + offset * element, length * element);
+      }
+      return;
+    }
+    const std::vector<size_t> blocks = hostBlocks(length, local_size);
     inHost(ctx, "host_reduce_scatter", [&] {
-      host->reduceScatterBlocks(send, out + mine * element, blocks, dtype, each, ctx.tag);
+      host->reduceScatterBlocks(in + offset * element, out + (offset + blocks[me]) * element,
+                                blocks, dtype, each, ctx.tag);
     });
-  }
-  {
+  };
+  auto crossHosts = [&](size_t k) {
     trace::Span span(trace::Category::kPhase, "cross_host");
-    for (const CrossRange& range : crossRanges(layout, count)) {
+    const size_t offset = offsetOf(k);
+    for (const CrossRange& range : crossRanges(layout, lengthOf(k))) {
       if (!contains(range.members, ctx.rank)) continue;
       transport::GroupView view(ctx.transport, range.members);
-      uint8_t* data = out + range.begin * element;
+      uint8_t* data = out + (offset + range.begin) * element;
       const size_t length = range.end - range.begin;
       ringAllreduce(over(ctx, view), data, data, length, dtype, each);
       if (op == ReduceOp::kAvg) {
         kernels::divide(data, length, dtype, static_cast<size_t>(ctx.size));
       }
     }
+  };
+  auto gatherInHost = [&](size_t k) {
+    if (host == nullptr) return;
+    const size_t offset = offsetOf(k);
+    const std::vector<size_t> blocks = hostBlocks(lengthOf(k), local_size);
+    inHost(ctx, "host_allgather", [&] {
+      host->allgatherBlocks(out + (offset + blocks[me]) * element, out + offset * element, blocks,
+                            dtype, ctx.tag);
+    });
+  };
+  if (chunks == 1) {
+    reduceInHost(0);
+    crossHosts(0);
+    gatherInHost(0);
+    return;
   }
-  if (host == nullptr) return;
-  inHost(ctx, "host_allgather",
-         [&] { host->allgatherBlocks(out + mine * element, out, blocks, dtype, ctx.tag); });
+  // Pipelined: while the worker all-reduces chunk k across hosts, this thread reduce-scatters
+  // chunk k+1 and all-gathers chunk k-1 in the host; the worker always has the next chunk
+  // queued, so the rails never wait for the host. The schedule is fixed (not "whatever is
+  // ready"), so every rank of a host takes its shared-memory steps in the same order.
+  PipelineWorker worker(crossHosts, trace::currentRank());
+  try {
+    for (size_t k = 0; k < chunks; ++k) {
+      reduceInHost(k);
+      worker.submit();
+      if (k > 0) {
+        worker.waitFor(k - 1);
+        gatherInHost(k - 1);
+      }
+    }
+    worker.waitFor(chunks - 1);
+    gatherInHost(chunks - 1);
+  } catch (const Error&) {
+    // The worker may be waiting on a peer that will never send: poisoning the transport ends
+    // its wait at once (and tells every other rank) before the worker is joined.
+    ctx.transport.abort(std::current_exception(), true);
+    throw;
+  }
 }
 
 void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,

@@ -20,6 +20,14 @@ class ShmEngine;
 // Any failure inside the host (a peer's process gone, a header mismatch) is also sent to the
 // other hosts through the transport, so that no rank waits there for its deadline.
 
+// Large messages are cut into chunks whose phases overlap: the cross-host all-reduce of one
+// chunk runs on a second thread while this one reduce-scatters the next chunk and gathers the
+// one before inside the host (so the host's memory work hides behind the rails). Elements
+// per chunk and how many chunks a count of `element`-byte elements makes (the tuner's model
+// uses the same).
+size_t twoLevelChunkElements(size_t count, size_t element);
+size_t twoLevelChunks(size_t count, size_t element);
+
 // `host` is null on a rank alone on its host: it skips the phases inside the host (every rank
 // must still run the same algorithm, the cross-host steps need it).
 
