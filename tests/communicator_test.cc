@@ -12,6 +12,7 @@
 #include "core/base/error.h"
 #include "core/base/memory_store.h"
 #include "core/communicator.h"
+#include "tests/allreduce_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -24,11 +25,8 @@ using test::inputValue;
 using test::loadValue;
 using test::storeValue;
 
-const std::vector<DataType> kDataTypes = {
-    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
-    DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
-                                    ReduceOp::kAvg};
+const std::vector<DataType>& kDataTypes = test::allDataTypes();
+const std::vector<ReduceOp>& kOps = test::allOps();
 
 Config testConfig() {
   Config config;
@@ -53,28 +51,7 @@ std::vector<std::exception_ptr> withRanks(int size, const std::function<void(Com
   });
 }
 
-// Compares buffer against the reference; returns a description of the first few differences.
-std::string compare(const void* buffer, size_t count, int size, DataType dtype, ReduceOp op) {
-  std::string failures;
-  int reported = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double expected = expectedValue(size, i, dtype, op);
-    const double got = loadValue(buffer, i, dtype);
-    const double tolerance =
-        (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0.0;
-    if (std::fabs(got - expected) > tolerance && reported++ < 3) {
-      failures += " [" + std::to_string(i) + "] got " + std::to_string(got) + " expected " +
-                  std::to_string(expected) + ";";
-    }
-  }
-  return failures;
-}
-
-void fillInput(std::vector<uint8_t>& buffer, int rank, size_t count, DataType dtype, ReduceOp op) {
-  buffer.assign(std::max<size_t>(1, count * sizeOf(dtype)), 0);
-  for (size_t i = 0; i < count; ++i)
-    storeValue(buffer.data(), i, dtype, inputValue(rank, i, dtype, op));
-}
+using test::fillInput;
 
 // (world size, RAILSHARD_ALGO): every algorithm is checked on its own, whatever the tuner
 // would pick.
@@ -88,36 +65,11 @@ TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
   auto errors = withRanks(
       size,
       [&](Communicator& comm) {
-        std::vector<uint8_t> input;
-        std::vector<uint8_t> output;
-        int variant = 0;
-        for (size_t count : counts) {
-          for (DataType dtype : kDataTypes) {
-            for (ReduceOp op : kOps) {
-              fillInput(input, comm.rank(), count, dtype, op);
-              const bool in_place = (variant++ % 2) == 0;
-              if (in_place) {
-                comm.allreduce(input.data(), count, dtype, op);
-              } else {
-                output.assign(input.size(), 0xee);
-                comm.allreduce(input.data(), output.data(), count, dtype, op);
-              }
-              const std::string failures =
-                  compare(in_place ? input.data() : output.data(), count, size, dtype, op);
-              if (!failures.empty()) {
-                throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
-                                         std::to_string(count) + " " + std::string(name(dtype)) +
-                                         " " + std::string(name(op)) +
-                                         (in_place ? " in-place" : "") + ":" + failures);
-              }
-              if (size > 1 && std::string(comm.lastAlgorithm()) != algorithm &&
-                  !(algorithm == "shm_direct" && comm.lastAlgorithm() == "shm_rsag")) {
-                throw std::runtime_error("ran " + std::string(comm.lastAlgorithm()) + ", not " +
-                                         algorithm);
-              }
-            }
+        test::checkEveryAllreduce(comm, counts, [&](const std::string& ran) {
+          if (size > 1 && ran != algorithm && !(algorithm == "shm_direct" && ran == "shm_rsag")) {
+            throw std::runtime_error("ran " + ran + ", not " + algorithm);
           }
-        }
+        });
       },
       [&](int, Config& config) {
         config.algorithm = algorithm;

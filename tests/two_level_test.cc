@@ -21,6 +21,7 @@
 #include "core/collectives/two_level.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
+#include "tests/allreduce_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -215,28 +216,7 @@ std::string layoutName(const std::vector<int>& per_host) {
   return text;
 }
 
-const std::vector<DataType> kDataTypes = {
-    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
-    DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
-                                    ReduceOp::kAvg};
-
-std::string firstDifferences(const void* buffer, size_t count, int size, DataType dtype,
-                             ReduceOp op) {
-  std::string failures;
-  int reported = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double expected = test::expectedValue(size, i, dtype, op);
-    const double got = test::loadValue(buffer, i, dtype);
-    const double tolerance =
-        (op == ReduceOp::kAvg && test::isFloat(dtype)) ? 1e-2 * std::fabs(expected) + 1e-6 : 0.0;
-    if (std::fabs(got - expected) > tolerance && reported++ < 3) {
-      failures += " [" + std::to_string(i) + "] got " + std::to_string(got) + " expected " +
-                  std::to_string(expected) + ";";
-    }
-  }
-  return failures;
-}
+using test::firstDifferences;
 
 // (ranks per host, RAILSHARD_ALGO)
 class TwoLevelAllreduce
@@ -245,7 +225,6 @@ class TwoLevelAllreduce
 TEST_P(TwoLevelAllreduce, EveryDtypeOpAndCountMatchesScalarReference) {
   const auto& per_host = std::get<0>(GetParam());
   const std::string algorithm = std::get<1>(GetParam());
-  const int size = std::accumulate(per_host.begin(), per_host.end(), 0);
   const std::vector<size_t> counts = {0, 1, 5, 7, 1000, 40001};
   auto errors = onHosts(
       per_host,
@@ -254,41 +233,13 @@ TEST_P(TwoLevelAllreduce, EveryDtypeOpAndCountMatchesScalarReference) {
           throw std::runtime_error("rank " + std::to_string(comm.rank()) +
                                    ": no per-host shared memory");
         }
-        std::vector<uint8_t> input;
-        std::vector<uint8_t> output;
-        int variant = 0;
-        for (size_t count : counts) {
-          for (DataType dtype : kDataTypes) {
-            for (ReduceOp op : kOps) {
-              input.assign(std::max<size_t>(1, count * sizeOf(dtype)), 0);
-              for (size_t i = 0; i < count; ++i) {
-                test::storeValue(input.data(), i, dtype,
-                                 test::inputValue(comm.rank(), i, dtype, op));
-              }
-              const bool in_place = (variant++ % 2) == 0;
-              if (in_place) {
-                comm.allreduce(input.data(), count, dtype, op);
-              } else {
-                output.assign(input.size(), 0xee);
-                comm.allreduce(input.data(), output.data(), count, dtype, op);
-              }
-              const std::string failures =
-                  firstDifferences(in_place ? input.data() : output.data(), count, size, dtype, op);
-              if (!failures.empty()) {
-                throw std::runtime_error("rank " + std::to_string(comm.rank()) + " count " +
-                                         std::to_string(count) + " " + std::string(name(dtype)) +
-                                         " " + std::string(name(op)) +
-                                         (in_place ? " in-place" : "") + ":" + failures);
-              }
-              const std::string ran(comm.lastAlgorithm());
-              // two_level_direct takes messages up to one slot; larger ones fall back.
-              if (algorithm != "auto" && ran != algorithm &&
-                  !(algorithm == "two_level_direct" && ran == "two_level")) {
-                throw std::runtime_error("ran " + ran + ", not " + algorithm);
-              }
-            }
+        test::checkEveryAllreduce(comm, counts, [&](const std::string& ran) {
+          // two_level_direct takes messages up to one slot; larger ones fall back.
+          if (algorithm != "auto" && ran != algorithm &&
+              !(algorithm == "two_level_direct" && ran == "two_level")) {
+            throw std::runtime_error("ran " + ran + ", not " + algorithm);
           }
-        }
+        });
       },
       [&](int, Config& config) { config.algorithm = algorithm; });
   test::rethrowFirst(errors);
@@ -403,6 +354,23 @@ TEST(TwoLevel, CountMismatchIsCaughtOnEveryRank) {
   }
 }
 
+// Every rank but `leaver` raised PeerLostError naming it; the leaver raised nothing.
+void expectPeerLostNaming(const std::vector<std::exception_ptr>& errors, int leaver) {
+  EXPECT_FALSE(errors[static_cast<size_t>(leaver)]);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (static_cast<int>(r) == leaver) continue;
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const PeerLostError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(leaver)), std::string::npos)
+          << "rank " << r << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+    }
+  }
+}
+
 // A rank that leaves mid-job: its host's peer (shared memory) and the other host's ranks
 // (TCP) all raise PeerLostError naming it, well inside their deadline.
 TEST(TwoLevel, RankThatLeavesIsNamedOnEveryHost) {
@@ -420,19 +388,7 @@ TEST(TwoLevel, RankThatLeavesIsNamedOnEveryHost) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(seconds, 15.0) << "leaver " << leaver;
-    EXPECT_FALSE(errors[static_cast<size_t>(leaver)]);
-    for (int r = 0; r < 4; ++r) {
-      if (r == leaver) continue;
-      ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
-      try {
-        std::rethrow_exception(errors[static_cast<size_t>(r)]);
-      } catch (const PeerLostError& e) {
-        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(leaver)), std::string::npos)
-            << "rank " << r << ": " << e.what();
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
-      }
-    }
+    expectPeerLostNaming(errors, leaver);
   }
 }
 
@@ -513,18 +469,7 @@ TEST(TwoLevel, RankThatLeavesMidPipelineIsNamedOnEveryHost) {
           config.algorithm = "two_level";
           config.timeout = std::chrono::seconds(30);
         });
-    for (int r = 0; r < 4; ++r) {
-      if (r == leaver) continue;
-      ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " did not fail";
-      try {
-        std::rethrow_exception(errors[static_cast<size_t>(r)]);
-      } catch (const PeerLostError& e) {
-        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(leaver)), std::string::npos)
-            << "rank " << r << ": " << e.what();
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
-      }
-    }
+    expectPeerLostNaming(errors, leaver);
   }
 }
 
