@@ -518,9 +518,16 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   }
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
-  run(tag, deadline, count * sizeOf(dtype), shm_ ? "shm" : "chain",
+  run(tag, deadline, count * sizeOf(dtype),
+      shm_         ? "shm"
+      : two_level_ ? "two_level"
+                   : "chain",
       [&](const collectives::Context& context) {
         if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
+        if (two_level_) {
+          return collectives::twoLevelBroadcast(context, host_shm_.get(), *layout_, send, recv,
+                                                count, dtype, root);
+        }
         collectives::chainBroadcast(context, send, recv, count, dtype, root);
       });
 }
@@ -530,10 +537,15 @@ void Communicator::barrier(Timeout timeout) {
   const Duration deadline = timeoutFor("barrier", timeout);
   const auto tag =
       makeTag(CollectiveKind::kBarrier, sequence_++, DataType::kUInt8, ReduceOp::kSum, 0, 0);
-  run(tag, deadline, 0, shm_ ? "shm" : "dissemination", [&](const collectives::Context& context) {
-    if (shm_) return shm_->barrier(tag);
-    collectives::disseminationBarrier(context);
-  });
+  run(tag, deadline, 0,
+      shm_         ? "shm"
+      : two_level_ ? "two_level"
+                   : "dissemination",
+      [&](const collectives::Context& context) {
+        if (shm_) return shm_->barrier(tag);
+        if (two_level_) return collectives::twoLevelBarrier(context, host_shm_.get(), *layout_);
+        collectives::disseminationBarrier(context);
+      });
 }
 
 void Communicator::abort(const std::string& reason) {

@@ -333,6 +333,65 @@ TEST(TwoLevel, OtherCollectivesInterleavedWithTwoLevelAllreduces) {
   test::rethrowFirst(errors);
 }
 
+// Broadcast from every root and barriers on unequal hosts: the data arrives everywhere, and
+// the ranks of a host send each other nothing over TCP (each connection's payload counted).
+TEST(TwoLevel, BroadcastAndBarrierFromEveryRootStayInsideTheHosts) {
+  const std::vector<int> per_host = {1, 2, 3};
+  auto errors = onHosts(per_host, [&](Communicator& comm) {
+    for (int root = 0; root < comm.size(); ++root) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{300001}}) {
+        const bool in_place = (root + static_cast<int>(count)) % 2 == 0;
+        std::vector<int32_t> send(count, -1);
+        std::vector<int32_t> recv(count, -2);
+        if (comm.rank() == root) {
+          for (size_t i = 0; i < count; ++i) send[i] = static_cast<int32_t>(root * 7 + i);
+        }
+        int32_t* out = in_place ? send.data() : recv.data();
+        comm.broadcast(send.data(), out, count, DataType::kInt32, root);
+        for (size_t i = 0; i < count; ++i) {
+          if (out[i] != static_cast<int32_t>(root * 7 + i)) {
+            throw std::runtime_error("rank " + std::to_string(comm.rank()) + " root " +
+                                     std::to_string(root) + " count " + std::to_string(count) +
+                                     " [" + std::to_string(i) + "] = " + std::to_string(out[i]));
+          }
+        }
+        comm.barrier();
+      }
+    }
+    const auto* layout = comm.hostLayout();
+    for (const auto& rail : comm.transport().rails()) {
+      const bool same_host = layout->host_of[static_cast<size_t>(rail.peer)] ==
+                             layout->host_of[static_cast<size_t>(comm.rank())];
+      if (same_host && rail.bytes_sent != 0) {
+        throw std::runtime_error("rank " + std::to_string(comm.rank()) + " sent " +
+                                 std::to_string(rail.bytes_sent) + " bytes to rank " +
+                                 std::to_string(rail.peer) + " on its host");
+      }
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST(TwoLevel, BroadcastRootsThatDisagreeAreCaughtOnEveryRank) {
+  auto errors = onHosts(
+      {2, 2},
+      [&](Communicator& comm) {
+        std::vector<int32_t> data(100, comm.rank());
+        comm.broadcast(data.data(), data.size(), DataType::kInt32, comm.rank() == 0 ? 0 : 1);
+      },
+      [](int, Config& config) { config.timeout = std::chrono::seconds(20); });
+  for (size_t r = 0; r < errors.size(); ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const MismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("root"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
+    }
+  }
+}
+
 TEST(TwoLevel, CountMismatchIsCaughtOnEveryRank) {
   auto errors = onHosts(
       {2, 2},

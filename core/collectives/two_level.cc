@@ -170,4 +170,38 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
   }
 }
 
+void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                       const void* send, void* recv, size_t count, DataType dtype, int root) {
+  const int root_host = layout.host_of[static_cast<size_t>(root)];
+  std::vector<int> carriers;
+  for (size_t h = 0; h < layout.hosts.size(); ++h) {
+    carriers.push_back(static_cast<int>(h) == root_host ? root : layout.hosts[h].front());
+  }
+  const int mine = layout.host_of[static_cast<size_t>(ctx.rank)];
+  const int carrier = carriers[static_cast<size_t>(mine)];
+  if (carrier == ctx.rank) {
+    trace::Span span(trace::Category::kPhase, "cross_host");
+    transport::GroupView view(ctx.transport, carriers);
+    chainBroadcast(over(ctx, view), send, recv, count, dtype, root_host);  // root's copy too
+  }
+  if (host == nullptr) return;
+  // The carrier's recv holds the message now (the root's too: the chain copied it there).
+  const int local_carrier = layout.local_rank_of[static_cast<size_t>(carrier)];
+  inHost(ctx, "host_broadcast",
+         [&] { host->broadcast(recv, recv, count, dtype, local_carrier, ctx.tag); });
+}
+
+void twoLevelBarrier(const Context& ctx, ShmEngine* host, const HostLayout& layout) {
+  if (host != nullptr) inHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
+  const auto& ranks =
+      layout.hosts[static_cast<size_t>(layout.host_of[static_cast<size_t>(ctx.rank)])];
+  if (ranks.front() == ctx.rank) {
+    std::vector<int> leaders;
+    for (const auto& each : layout.hosts) leaders.push_back(each.front());
+    transport::GroupView view(ctx.transport, leaders);
+    disseminationBarrier(over(ctx, view));
+  }
+  if (host != nullptr) inHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
+}
+
 }  // namespace railshard::collectives

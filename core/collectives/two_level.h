@@ -42,4 +42,13 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
                              const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op);
 
+// Broadcast: one rank per host carries the message across hosts (the root on its own host,
+// local rank 0 elsewhere) in a chain, then each host's carrier broadcasts it in shared memory.
+void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                       const void* send, void* recv, size_t count, DataType dtype, int root);
+// Barrier: every host's ranks meet in shared memory, local rank 0 of every host in a
+// dissemination barrier across hosts, then the host's ranks again (so none leaves before every
+// rank of every host has arrived).
+void twoLevelBarrier(const Context& ctx, ShmEngine* host, const HostLayout& layout);
+
 }  // namespace railshard::collectives

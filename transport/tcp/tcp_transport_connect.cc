@@ -357,6 +357,9 @@ void TcpTransport::connectMesh(Store& store) {
       if (!(polled[i].revents & POLLIN)) continue;
       const int fd = ::accept4(polled[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;  // gone already, or out of descriptors: the next round retries
+      // As on the connecting side: with Nagle on, a small message sent while the previous
+      // one is unacknowledged waits for the peer's delayed ACK (~40 ms).
+      setNoDelay(fd);
       PendingHello p;
       p.fd = Fd(fd);
       try {

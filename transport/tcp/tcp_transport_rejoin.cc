@@ -66,6 +66,7 @@ void TcpTransport::keeperLoop() {
       const int raw = ::accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (raw < 0) continue;
       Fd fd(raw);
+      setNoDelay(fd.get());  // as at start-up
       const std::string from = peerAddress(fd.get()).toString();
       // As at start-up (tcp_transport_connect.cc): the fixed part is checked (magic, version,
       // token length) before the token is read, every refusal is logged with its reason, and
