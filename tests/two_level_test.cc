@@ -372,12 +372,16 @@ TEST(TwoLevel, BroadcastAndBarrierFromEveryRootStayInsideTheHosts) {
   test::rethrowFirst(errors);
 }
 
-TEST(TwoLevel, BroadcastRootsThatDisagreeAreCaughtOnEveryRank) {
+// Each host names a root of its own: the carriers' chains carry both roots in their headers
+// and every rank raises MismatchError. (As with the flat chain, a rank that agrees with the
+// root it received from and needs nothing from the others can return before the disagreement
+// reaches it; the communicator is poisoned all the same, so its next call raises.)
+TEST(TwoLevel, HostsThatNameDifferentRootsAreCaughtOnEveryRank) {
   auto errors = onHosts(
       {2, 2},
       [&](Communicator& comm) {
         std::vector<int32_t> data(100, comm.rank());
-        comm.broadcast(data.data(), data.size(), DataType::kInt32, comm.rank() == 0 ? 0 : 1);
+        comm.broadcast(data.data(), data.size(), DataType::kInt32, comm.rank() < 2 ? 0 : 2);
       },
       [](int, Config& config) { config.timeout = std::chrono::seconds(20); });
   for (size_t r = 0; r < errors.size(); ++r) {
