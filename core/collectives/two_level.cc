@@ -137,7 +137,7 @@ void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& la
     }
     worker.waitFor(chunks - 1);
     gatherInHost(chunks - 1);
-  } catch (const Error&) {
+  } catch (...) {
     // The worker may be waiting on a peer that will never send: poisoning the transport ends
     // its wait at once (and tells every other rank) before the worker is joined.
     ctx.transport.abort(std::current_exception(), true);
