@@ -107,7 +107,7 @@ case "$cmd" in
     # Ranks per host: one figure for every host, or one per host.
     IFS=, read -r -a per_host <<<"${TESTBED_RANKS:-1}"
     if [ "${#per_host[@]}" -eq 1 ]; then
-      per_host=($(for _ in "${all[@]}"; do echo "${per_host[0]}"; done))
+      mapfile -t per_host < <(for _ in "${all[@]}"; do echo "${per_host[0]}"; done)
     fi
     [ "${#per_host[@]}" -eq "$size" ] ||
       { echo "testbed: TESTBED_RANKS lists ${#per_host[@]} hosts, the bed has $size" >&2; exit 2; }
