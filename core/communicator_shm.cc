@@ -45,14 +45,17 @@ collectives::LinkModel networkBetweenHosts(const topology::Topology* graph,
   return model;
 }
 
+// The store key of one rank's shared-memory set-up record ("host", "name", "attached").
+std::string shmKey(const std::string& prefix, const std::string& what, int rank) {
+  return prefix + "/shm/" + what + "/" + std::to_string(rank);
+}
+
 }  // namespace
 
 void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
   if (size_ == 1) return;
   const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
-  auto key = [&](const std::string& what, int r) {
-    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
-  };
+  auto key = [&](const std::string& what, int r) { return shmKey(key_prefix, what, r); };
   // A host is what the cluster graph says (ranks in separate network/UTS namespaces, or a
   // topology file that says so, are different hosts even when they could map the same
   // memory: the graph is the authority on what the user wants treated as a host), split
@@ -105,9 +108,7 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
 void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
                                   const std::vector<int>& mine) {
   const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
-  auto key = [&](const std::string& what, int r) {
-    return key_prefix + "/shm/" + what + "/" + std::to_string(r);
-  };
+  auto key = [&](const std::string& what, int r) { return shmKey(key_prefix, what, r); };
   const int local_rank = layout_->local_rank_of[static_cast<size_t>(rank_)];
   const int local_size = static_cast<int>(mine.size());
   const int leader = mine.front();

@@ -42,6 +42,23 @@ void forEachPiece(size_t count, size_t piece, Fn&& fn) {
   } while (offset < count);
 }
 
+// Blocks of a reduce-scatter or all-gather: block r is [begin[r], begin[r+1]), and piece p of
+// every block (offset p * piece) moves in step p.
+struct BlockPieces {
+  const std::vector<size_t>& begin;
+  size_t piece;
+  size_t length(size_t r) const { return begin[r + 1] - begin[r]; }
+  size_t longest() const {
+    size_t most = 0;
+    for (size_t r = 0; r + 1 < begin.size(); ++r) most = std::max(most, length(r));
+    return most;
+  }
+  // Elements of block r in the piece that starts at `offset`.
+  size_t at(size_t r, size_t offset) const {
+    return std::min(piece, length(r) - std::min(length(r), offset));
+  }
+};
+
 // How long a peer may stay silent before we look at whether its process still exists.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
@@ -325,17 +342,13 @@ void ShmEngine::reduceScatterBlocks(const void* send, void* recv, const std::vec
   const size_t me = static_cast<size_t>(rank_);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  auto blockLength = [&](size_t r) { return begin[r + 1] - begin[r]; };
-  size_t longest = 0;
-  for (size_t r = 0; r < n; ++r) longest = std::max(longest, blockLength(r));
   // Every rank takes the same steps: piece p of every block, the blocks side by side in the
   // slot (a block's piece at r * piece, so blocks of unequal length never overlap).
-  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / (element * n));
+  const BlockPieces blocks{begin, std::max<size_t>(1, segment_->slotBytes() / (element * n))};
+  const size_t piece = blocks.piece;
   std::vector<const void*> sources(n);
-  forEachPiece(longest, piece, [&](size_t offset, size_t) {
-    auto lengthOf = [&](size_t r) {
-      return std::min(piece, blockLength(r) - std::min(blockLength(r), offset));
-    };
+  forEachPiece(blocks.longest(), piece, [&](size_t offset, size_t) {
+    auto lengthOf = [&](size_t r) { return blocks.at(r, offset); };
     beginStep(tag);
     uint8_t* mine = segment_->inSlot(rank_, step_);
     for (size_t r = 0; r < n; ++r) {
@@ -363,17 +376,11 @@ void ShmEngine::reduceScatterBlocks(const void* send, void* recv, const std::vec
 void ShmEngine::allgatherBlocks(const void* send, void* recv, const std::vector<size_t>& begin,
                                 DataType dtype, const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
-  const size_t n = static_cast<size_t>(size_);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  auto blockLength = [&](size_t r) { return begin[r + 1] - begin[r]; };
-  size_t longest = 0;
-  for (size_t r = 0; r < n; ++r) longest = std::max(longest, blockLength(r));
-  const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
-  forEachPiece(longest, piece, [&](size_t offset, size_t) {
-    auto lengthOf = [&](size_t r) {
-      return std::min(piece, blockLength(r) - std::min(blockLength(r), offset));
-    };
+  const BlockPieces blocks{begin, std::max<size_t>(1, segment_->slotBytes() / element)};
+  forEachPiece(blocks.longest(), blocks.piece, [&](size_t offset, size_t) {
+    auto lengthOf = [&](size_t r) { return blocks.at(r, offset); };
     beginStep(tag);
     const size_t mine = lengthOf(static_cast<size_t>(rank_));
     if (mine > 0)

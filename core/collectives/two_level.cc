@@ -42,14 +42,12 @@ Context over(const Context& ctx, transport::GroupView& view) {
                  ctx.timeout, ctx.tag,     ctx.workspace};
 }
 
-}  // namespace
-
 // Chunks of a pipelined two-level all-reduce: at most kChunks, none below kMinChunkBytes
 // (each chunk's ring pays a few round trips to start; fewer, larger chunks lengthen only the
 // pipeline's fill and drain: the first chunk's reduce-scatter and the last one's all-gather).
-namespace {
 constexpr size_t kChunks = 8;
 constexpr size_t kMinChunkBytes = size_t{2} << 20;
+
 }  // namespace
 
 size_t twoLevelChunkElements(size_t count, size_t element) {
