@@ -476,10 +476,18 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
   }
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
   const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  run(tag, deadline, bytes, shm_ ? "shm" : "ring", [&](const collectives::Context& context) {
-    if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
-    collectives::ringReduceScatter(context, send, recv, recv_count, dtype, op);
-  });
+  run(tag, deadline, bytes,
+      shm_         ? "shm"
+      : two_level_ ? "two_level"
+                   : "ring",
+      [&](const collectives::Context& context) {
+        if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
+        if (two_level_) {
+          return collectives::twoLevelReduceScatter(context, host_shm_.get(), *layout_, send, recv,
+                                                    recv_count, dtype, op);
+        }
+        collectives::ringReduceScatter(context, send, recv, recv_count, dtype, op);
+      });
 }
 
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
@@ -495,10 +503,18 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
   const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  run(tag, deadline, bytes, shm_ ? "shm" : "ring", [&](const collectives::Context& context) {
-    if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
-    collectives::ringAllgather(context, send, recv, send_count, dtype);
-  });
+  run(tag, deadline, bytes,
+      shm_         ? "shm"
+      : two_level_ ? "two_level"
+                   : "ring",
+      [&](const collectives::Context& context) {
+        if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
+        if (two_level_) {
+          return collectives::twoLevelAllgather(context, host_shm_.get(), *layout_, send, recv,
+                                                send_count, dtype);
+        }
+        collectives::ringAllgather(context, send, recv, send_count, dtype);
+      });
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,

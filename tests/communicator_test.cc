@@ -12,7 +12,7 @@
 #include "core/base/error.h"
 #include "core/base/memory_store.h"
 #include "core/communicator.h"
-#include "tests/allreduce_check.h"
+#include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -102,78 +102,20 @@ class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::st
 };
 
 TEST_P(CollectivesWorld, ReduceScatterMatchesReference) {
-  const int size = worldSize();
   auto errors = withRanks(
-      size,
+      worldSize(),
       [&](Communicator& comm) {
-        for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{100000}}) {
-          for (DataType dtype : kDataTypes) {
-            for (ReduceOp op : kOps) {
-              const size_t total = block * static_cast<size_t>(size);
-              std::vector<uint8_t> input;
-              fillInput(input, comm.rank(), total, dtype, op);
-              std::vector<uint8_t> output(std::max<size_t>(1, block * sizeOf(dtype)), 0xee);
-              const bool in_place = (block + static_cast<size_t>(dtype)) % 2 == 0;
-              void* result =
-                  in_place ? input.data() + comm.rank() * block * sizeOf(dtype) : output.data();
-              comm.reduceScatter(input.data(), result, block, dtype, op);
-              for (size_t i = 0; i < block; ++i) {
-                const size_t global = static_cast<size_t>(comm.rank()) * block + i;
-                const double expected = expectedValue(size, global, dtype, op);
-                const double got = loadValue(result, i, dtype);
-                const double tolerance = (op == ReduceOp::kAvg && test::isFloat(dtype))
-                                             ? 1e-2 * std::fabs(expected) + 1e-6
-                                             : 0;
-                if (std::fabs(got - expected) > tolerance) {
-                  throw std::runtime_error(
-                      "reduce_scatter rank " + std::to_string(comm.rank()) + " block " +
-                      std::to_string(block) + " " + std::string(name(dtype)) + " " +
-                      std::string(name(op)) + " element " + std::to_string(i) + ": got " +
-                      std::to_string(got) + " expected " + std::to_string(expected));
-                }
-              }
-            }
-          }
-        }
+        test::checkEveryReduceScatter(comm, {0, 1, 7, 100000});
       },
       transport());
   test::rethrowFirst(errors);
 }
 
 TEST_P(CollectivesWorld, AllgatherPlacesEveryRanksBlock) {
-  const int size = worldSize();
   auto errors = withRanks(
-      size,
+      worldSize(),
       [&](Communicator& comm) {
-        for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{300000}}) {
-          for (DataType dtype : kDataTypes) {
-            const size_t element = sizeOf(dtype);
-            std::vector<uint8_t> mine(std::max<size_t>(1, block * element));
-            for (size_t i = 0; i < block; ++i) {
-              storeValue(mine.data(), i, dtype, inputValue(comm.rank(), i, dtype, ReduceOp::kMax));
-            }
-            std::vector<uint8_t> all(
-                std::max<size_t>(1, block * element * static_cast<size_t>(size)), 0xee);
-            const bool in_place = block % 2 == 1;
-            if (in_place) {
-              std::memcpy(all.data() + comm.rank() * block * element, mine.data(), block * element);
-              comm.allgather(all.data() + comm.rank() * block * element, all.data(), block, dtype);
-            } else {
-              comm.allgather(mine.data(), all.data(), block, dtype);
-            }
-            for (int r = 0; r < size; ++r) {
-              for (size_t i = 0; i < block; ++i) {
-                const double expected = inputValue(r, i, dtype, ReduceOp::kMax);
-                const double got = loadValue(all.data(), static_cast<size_t>(r) * block + i, dtype);
-                if (got != expected) {
-                  throw std::runtime_error("allgather block " + std::to_string(block) +
-                                           " from rank " + std::to_string(r) + " element " +
-                                           std::to_string(i) + ": got " + std::to_string(got));
-                }
-              }
-            }
-          }
-        }
+        test::checkEveryAllgather(comm, {0, 1, 7, 300000});
       },
       transport());
   test::rethrowFirst(errors);

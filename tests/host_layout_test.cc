@@ -3,6 +3,8 @@
 // small-message groups, and the pipeline's second thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -110,6 +112,41 @@ TEST(HostLayout, DirectGroupsSpanEveryHostAndCoverEveryRank) {
   EXPECT_EQ(groups[0], (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(groups[1], (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(groups[2], (std::vector<int>{0, 1, 5}));
+}
+
+// Every block has exactly one handler on every host, the block's owner on its own host (so no
+// block moves between ranks of one host), and on interleaved hosts too.
+TEST(HostLayout, EveryBlockHasOneHandlerPerHostAndItsOwnerAtHome) {
+  for (const HostLayout& layout : {layoutOf({2, 2}), layoutOf({1, 2, 3}), layoutOf({3, 1}),
+                                   HostLayout::fromKeys({"a", "b", "a", "b", "c", "b"})}) {
+    for (int h = 0; h < layout.hostCount(); ++h) {
+      const auto handled = collectives::handledBlocks(layout, h);
+      ASSERT_EQ(handled.size(), layout.hosts[static_cast<size_t>(h)].size());
+      std::vector<int> seen(static_cast<size_t>(layout.worldSize()), 0);
+      for (size_t l = 0; l < handled.size(); ++l) {
+        EXPECT_TRUE(std::is_sorted(handled[l].begin(), handled[l].end()));
+        for (int block : handled[l]) {
+          ++seen[static_cast<size_t>(block)];
+          EXPECT_EQ(collectives::blockHandler(layout, h, block),
+                    layout.hosts[static_cast<size_t>(h)][l]);
+          if (layout.host_of[static_cast<size_t>(block)] == h) {
+            EXPECT_EQ(layout.hosts[static_cast<size_t>(h)][l], block) << layout.describe();
+          }
+        }
+      }
+      EXPECT_EQ(seen, std::vector<int>(seen.size(), 1)) << layout.describe() << " host " << h;
+    }
+  }
+  // 1,2,3 ranks: on the 3-rank host (3, 4, 5) the blocks of local rank 0 (ranks 0, 1, 3) go to
+  // rank 3, of local rank 1 (2, 4) to rank 4, of local rank 2 (5) to rank 5; the 1-rank host
+  // handles every block.
+  const HostLayout uneven = layoutOf({1, 2, 3});
+  EXPECT_EQ(collectives::handledBlocks(uneven, 2),
+            (std::vector<std::vector<int>>{{0, 1, 3}, {2, 4}, {5}}));
+  EXPECT_EQ(collectives::handledBlocks(uneven, 0),
+            (std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5}}));
+  EXPECT_EQ(collectives::handledBlocks(uneven, 1),
+            (std::vector<std::vector<int>>{{0, 1, 3, 5}, {2, 4}}));
 }
 
 // ---- the pipeline's second thread ----

@@ -20,7 +20,7 @@
 #include "core/collectives/two_level.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
-#include "tests/allreduce_check.h"
+#include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -39,33 +39,42 @@ std::string hostName(size_t index) {
   return name;
 }
 
-// A cluster graph of hosts h0, h1, ... with per_host[h] ranks each, numbered host by host.
-std::shared_ptr<topology::Topology> graphOf(const std::vector<int>& per_host) {
+// A cluster graph of hosts h0, h1, ... with rank r on host host_of[r].
+std::shared_ptr<topology::Topology> graphPlacing(const std::vector<int>& host_of) {
   auto graph = std::make_shared<topology::Topology>();
-  std::vector<topology::RankPlacement> ranks;
-  for (size_t h = 0; h < per_host.size(); ++h) {
+  const int hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
+  for (int h = 0; h < hosts; ++h) {
     topology::Vertex host;
-    host.id = host.host = host.name = hostName(h);
+    host.id = host.host = host.name = hostName(static_cast<size_t>(h));
     host.kind = topology::VertexKind::kHost;
     graph->addVertex(host);
-    for (int l = 0; l < per_host[h]; ++l) {
-      topology::RankPlacement placement;
-      placement.rank = static_cast<int>(ranks.size());
-      placement.host = host.id;
-      placement.local_rank = l;
-      ranks.push_back(placement);
-    }
+  }
+  std::vector<topology::RankPlacement> ranks;
+  std::vector<int> locals(static_cast<size_t>(hosts), 0);
+  for (size_t r = 0; r < host_of.size(); ++r) {
+    topology::RankPlacement placement;
+    placement.rank = static_cast<int>(r);
+    placement.host = hostName(static_cast<size_t>(host_of[r]));
+    placement.local_rank = locals[static_cast<size_t>(host_of[r])]++;
+    ranks.push_back(placement);
   }
   graph->setRanks(std::move(ranks));
   return graph;
 }
 
-std::vector<std::exception_ptr> onHosts(const std::vector<int>& per_host,
-                                        const std::function<void(Communicator&)>& body,
-                                        const std::function<void(int, Config&)>& tweak = {}) {
-  const int size = std::accumulate(per_host.begin(), per_host.end(), 0);
+// per_host[h] ranks on host h, numbered host by host.
+std::vector<int> hostByHost(const std::vector<int>& per_host) {
+  std::vector<int> host_of;
+  for (size_t h = 0; h < per_host.size(); ++h) host_of.insert(host_of.end(), per_host[h], h);
+  return host_of;
+}
+
+std::vector<std::exception_ptr> onPlacement(const std::vector<int>& host_of,
+                                            const std::function<void(Communicator&)>& body,
+                                            const std::function<void(int, Config&)>& tweak = {}) {
+  const int size = static_cast<int>(host_of.size());
   MemoryStore store;
-  auto graph = graphOf(per_host);
+  auto graph = graphPlacing(host_of);
   return test::runRanks(size, [&](int rank) {
     Communicator::Options options;
     options.rank = rank;
@@ -79,6 +88,32 @@ std::vector<std::exception_ptr> onHosts(const std::vector<int>& per_host,
     auto comm = Communicator::create(store, options);
     body(*comm);
   });
+}
+
+std::vector<std::exception_ptr> onHosts(const std::vector<int>& per_host,
+                                        const std::function<void(Communicator&)>& body,
+                                        const std::function<void(int, Config&)>& tweak = {}) {
+  return onPlacement(hostByHost(per_host), body, tweak);
+}
+
+// Payload bytes this rank handed to TCP so far, to ranks of its own host and to the others
+// (per-connection counters).
+struct TcpPayload {
+  uint64_t to_host = 0;
+  uint64_t to_others = 0;
+};
+TcpPayload tcpPayload(Communicator& comm) {
+  const auto* layout = comm.hostLayout();
+  TcpPayload payload;
+  for (const auto& rail : comm.transport().rails()) {
+    if (layout->host_of[static_cast<size_t>(rail.peer)] ==
+        layout->host_of[static_cast<size_t>(comm.rank())]) {
+      payload.to_host += rail.bytes_sent;
+    } else {
+      payload.to_others += rail.bytes_sent;
+    }
+  }
+  return payload;
 }
 
 std::string layoutName(const std::vector<int>& per_host) {
@@ -151,16 +186,7 @@ TEST(TwoLevel, LargeMessageIsExactAndRanksOfOneHostSendNothingToEachOtherOverTcp
         // host's rank of the same local index exactly this rank's share of the ring: half of its
         // block (the reduce-scatter step) and half again (the all-gather step).
         const auto* layout = comm.hostLayout();
-        uint64_t to_host = 0;
-        uint64_t to_others = 0;
-        for (const auto& rail : comm.transport().rails()) {
-          if (layout->host_of[static_cast<size_t>(rail.peer)] ==
-              layout->host_of[static_cast<size_t>(comm.rank())]) {
-            to_host += rail.bytes_sent;
-          } else {
-            to_others += rail.bytes_sent;
-          }
-        }
+        const auto [to_host, to_others] = tcpPayload(comm);
         if (to_host != 0) throw std::runtime_error(std::to_string(to_host) + " bytes to the host");
         const auto blocks = collectives::hostBlocks(count, 2);
         const size_t local =
@@ -232,16 +258,90 @@ TEST(TwoLevel, BroadcastAndBarrierFromEveryRootStayInsideTheHosts) {
         comm.barrier();
       }
     }
-    const auto* layout = comm.hostLayout();
-    for (const auto& rail : comm.transport().rails()) {
-      const bool same_host = layout->host_of[static_cast<size_t>(rail.peer)] ==
-                             layout->host_of[static_cast<size_t>(comm.rank())];
-      if (same_host && rail.bytes_sent != 0) {
-        throw std::runtime_error("rank " + std::to_string(comm.rank()) + " sent " +
-                                 std::to_string(rail.bytes_sent) + " bytes to rank " +
-                                 std::to_string(rail.peer) + " on its host");
+    const uint64_t to_host = tcpPayload(comm).to_host;
+    if (to_host != 0) {
+      throw std::runtime_error("rank " + std::to_string(comm.rank()) + " sent " +
+                               std::to_string(to_host) + " bytes to ranks of its host");
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+// Reduce-scatter and all-gather, every dtype x op, on equal, unequal and interleaved hosts
+// (rank r on host host_of[r]): exact against the reference, and the ranks of a host send each
+// other nothing over TCP.
+class TwoLevelBlocks : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(TwoLevelBlocks, ReduceScatterAndAllgatherMatchReferenceAndStayInsideTheHosts) {
+  auto errors = onPlacement(GetParam(), [&](Communicator& comm) {
+    if (!comm.usesHostSharedMemory() || comm.usesSharedMemory()) {
+      throw std::runtime_error("rank " + std::to_string(comm.rank()) +
+                               ": no per-host shared memory");
+    }
+    test::checkEveryReduceScatter(comm, {0, 1, 7, 20001});
+    test::checkEveryAllgather(comm, {0, 1, 7, 20001});
+    const uint64_t to_host = tcpPayload(comm).to_host;
+    if (to_host != 0) {
+      throw std::runtime_error("rank " + std::to_string(comm.rank()) + " sent " +
+                               std::to_string(to_host) + " bytes to ranks of its host");
+    }
+  });
+  test::rethrowFirst(errors);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, TwoLevelBlocks,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1},
+                                           std::vector<int>{0, 0, 1, 1, 2, 2},
+                                           std::vector<int>{0, 1, 1, 2, 2, 2},
+                                           std::vector<int>{0, 0, 0, 1},
+                                           std::vector<int>{0, 1, 0, 1, 2, 1}),
+                         [](const auto& info) {
+                           std::string name = "ranks_on";
+                           for (int h : info.param) {
+                             name += '_';  // appended: "_" + to_string trips -Wrestrict
+                             name += std::to_string(h);
+                           }
+                           return name;
+                         });
+
+// Each rank moves one block per other host across, the ring's (H-1)/H of the buffer per host:
+// reduce-scatter sends its host's partial sum of each other host's block of its local index,
+// all-gather its own block to one rank per other host.
+TEST(TwoLevel, ReduceScatterAndAllgatherSendOneBlockPerOtherHost) {
+  const size_t block = (size_t{1} << 18) + 5;  // 1 MiB of floats: several pieces in the host
+  auto errors = onHosts({2, 2, 2}, [&](Communicator& comm) {
+    const size_t n = static_cast<size_t>(comm.size());
+    std::vector<float> input(block * n);
+    for (size_t i = 0; i < input.size(); ++i) {
+      input[i] =
+          static_cast<float>(test::inputValue(comm.rank(), i, DataType::kFloat32, ReduceOp::kSum));
+    }
+    std::vector<float> mine(block);
+    const uint64_t before = tcpPayload(comm).to_others;
+    comm.reduceScatter(input.data(), mine.data(), block, DataType::kFloat32, ReduceOp::kSum);
+    const uint64_t after_rs = tcpPayload(comm).to_others;
+    for (size_t i = 0; i < block; ++i) {
+      const double expected = test::expectedValue(comm.size(), comm.rank() * block + i,
+                                                  DataType::kFloat32, ReduceOp::kSum);
+      if (mine[i] != static_cast<float>(expected)) {
+        throw std::runtime_error("reduce_scatter [" + std::to_string(i) +
+                                 "] = " + std::to_string(mine[i]));
       }
     }
+    std::vector<float> all(block * n);
+    comm.allgather(mine.data(), all.data(), block, DataType::kFloat32);
+    const uint64_t after_ag = tcpPayload(comm).to_others;
+    const std::string failures =
+        firstDifferences(all.data(), all.size(), comm.size(), DataType::kFloat32, ReduceOp::kSum);
+    if (!failures.empty()) throw std::runtime_error("allgather:" + failures);
+    const uint64_t expected_bytes = 2 * block * sizeof(float);  // 3 hosts: 2 others
+    if (after_rs - before != expected_bytes || after_ag - after_rs != expected_bytes) {
+      throw std::runtime_error("rank " + std::to_string(comm.rank()) + " sent " +
+                               std::to_string(after_rs - before) + " and " +
+                               std::to_string(after_ag - after_rs) + " bytes across, expected " +
+                               std::to_string(expected_bytes) + " each");
+    }
+    if (tcpPayload(comm).to_host != 0) throw std::runtime_error("bytes to the host");
   });
   test::rethrowFirst(errors);
 }

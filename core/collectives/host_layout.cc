@@ -101,4 +101,20 @@ std::vector<std::vector<int>> directGroups(const HostLayout& layout) {
   return groups;
 }
 
+int blockHandler(const HostLayout& layout, int host, int block) {
+  const auto& ranks = layout.hosts[static_cast<size_t>(host)];
+  const auto local = static_cast<size_t>(layout.local_rank_of[static_cast<size_t>(block)]);
+  return ranks[local % ranks.size()];
+}
+
+std::vector<std::vector<int>> handledBlocks(const HostLayout& layout, int host) {
+  std::vector<std::vector<int>> handled(layout.hosts[static_cast<size_t>(host)].size());
+  for (int block = 0; block < layout.worldSize(); ++block) {
+    const int handler = blockHandler(layout, host, block);
+    handled[static_cast<size_t>(layout.local_rank_of[static_cast<size_t>(handler)])].push_back(
+        block);
+  }
+  return handled;
+}
+
 }  // namespace railshard::collectives

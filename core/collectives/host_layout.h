@@ -54,4 +54,13 @@ std::vector<CrossRange> crossRanges(const HostLayout& layout, size_t count);
 // one group and every group spans every host. Members in host order.
 std::vector<std::vector<int>> directGroups(const HostLayout& layout);
 
+// Two-level reduce-scatter and all-gather, where block d of the buffer belongs to rank d: the
+// rank of `host` that handles block d there, i.e. reduces the host's share of it (and sends it
+// to d) or receives it from d (and shares it in the host). That is local rank
+// (local rank of d) mod (ranks of the host), so on d's own host it is d itself: blocks move
+// only between hosts, and with L ranks on every host each rank handles one block per host.
+int blockHandler(const HostLayout& layout, int host, int block);
+// The blocks each local rank of `host` handles, ascending: entry l lists local rank l's.
+std::vector<std::vector<int>> handledBlocks(const HostLayout& layout, int host);
+
 }  // namespace railshard::collectives

@@ -9,6 +9,7 @@
 #include "core/collectives/algorithms.h"
 #include "core/collectives/pipeline_worker.h"
 #include "core/collectives/shm_engine.h"
+#include "core/collectives/two_level_internal.h"
 #include "kernels/reduce.h"
 #include "transport/group_view.h"
 
@@ -18,19 +19,6 @@ namespace {
 
 // Workspace slot of the direct variant's host sum; the algorithms it calls use slots 0-3.
 constexpr size_t kHostSumSlot = 4;
-
-// Runs a phase inside the host; an error there is first handed to the transport, which tells
-// every other rank (the other hosts only hear of it that way).
-template <typename Fn>
-void inHost(const Context& ctx, const char* phase, Fn&& fn) {
-  trace::Span span(trace::Category::kPhase, phase);
-  try {
-    fn();
-  } catch (const Error&) {
-    ctx.transport.abort(std::current_exception(), true);
-    throw;
-  }
-}
 
 bool contains(const std::vector<int>& members, int rank) {
   return std::find(members.begin(), members.end(), rank) != members.end();
@@ -85,7 +73,7 @@ void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& la
       return;
     }
     const std::vector<size_t> blocks = hostBlocks(length, local_size);
-    inHost(ctx, "host_reduce_scatter", [&] {
+    twoLevelInHost(ctx, "host_reduce_scatter", [&] {
       host->reduceScatterBlocks(in + offset * element, out + (offset + blocks[me]) * element,
                                 blocks, dtype, each, ctx.tag);
     });
@@ -108,7 +96,7 @@ void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& la
     if (host == nullptr) return;
     const size_t offset = offsetOf(k);
     const std::vector<size_t> blocks = hostBlocks(lengthOf(k), local_size);
-    inHost(ctx, "host_allgather", [&] {
+    twoLevelInHost(ctx, "host_allgather", [&] {
       host->allgatherBlocks(out + (offset + blocks[me]) * element, out + offset * element, blocks,
                             dtype, ctx.tag);
     });
@@ -154,8 +142,8 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
   if (host == nullptr) {
     if (bytes > 0) std::memcpy(host_sum, send, bytes);
   } else {
-    inHost(ctx, "host_reduce",
-           [&] { host->allreduceDirect(send, host_sum, count, dtype, each, ctx.tag); });
+    twoLevelInHost(ctx, "host_reduce",
+                   [&] { host->allreduceDirect(send, host_sum, count, dtype, each, ctx.tag); });
   }
   trace::Span span(trace::Category::kPhase, "cross_host");
   for (const auto& members : directGroups(layout)) {
@@ -185,12 +173,12 @@ void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& la
   if (host == nullptr) return;
   // The carrier's recv holds the message now (the root's too: the chain copied it there).
   const int local_carrier = layout.local_rank_of[static_cast<size_t>(carrier)];
-  inHost(ctx, "host_broadcast",
-         [&] { host->broadcast(recv, recv, count, dtype, local_carrier, ctx.tag); });
+  twoLevelInHost(ctx, "host_broadcast",
+                 [&] { host->broadcast(recv, recv, count, dtype, local_carrier, ctx.tag); });
 }
 
 void twoLevelBarrier(const Context& ctx, ShmEngine* host, const HostLayout& layout) {
-  if (host != nullptr) inHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
+  if (host != nullptr) twoLevelInHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
   const auto& ranks =
       layout.hosts[static_cast<size_t>(layout.host_of[static_cast<size_t>(ctx.rank)])];
   if (ranks.front() == ctx.rank) {
@@ -199,7 +187,7 @@ void twoLevelBarrier(const Context& ctx, ShmEngine* host, const HostLayout& layo
     transport::GroupView view(ctx.transport, leaders);
     disseminationBarrier(over(ctx, view));
   }
-  if (host != nullptr) inHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
+  if (host != nullptr) twoLevelInHost(ctx, "host_barrier", [&] { host->barrier(ctx.tag); });
 }
 
 }  // namespace railshard::collectives

@@ -42,6 +42,17 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
                              const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op);
 
+// Reduce-scatter (rank d gets block d of the reduced buffer): each host reduces its share of
+// every block in shared memory at the block's handler (blockHandler), which sends it straight
+// to the block's owner; the owner reduces the H-1 partial sums it receives with its host's.
+void twoLevelReduceScatter(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                           const void* send, void* recv, size_t recv_count, DataType dtype,
+                           ReduceOp op);
+// All-gather: every rank sends its block to its handler on every other host, and each host's
+// ranks then share what they received (and their own blocks) in shared memory.
+void twoLevelAllgather(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                       const void* send, void* recv, size_t send_count, DataType dtype);
+
 // Broadcast: one rank per host carries the message across hosts (the root on its own host,
 // local rank 0 elsewhere) in a chain, then each host's carrier broadcasts it in shared memory.
 void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& layout,

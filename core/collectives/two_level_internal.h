@@ -1,0 +1,26 @@
+#pragma once
+
+// Shared by the two-level collectives' implementation files (two_level.cc,
+// two_level_blocks.cc). Not part of the interface.
+#include <exception>
+
+#include "core/base/error.h"
+#include "core/base/trace.h"
+#include "core/collectives/context.h"
+
+namespace railshard::collectives {
+
+// Runs a phase inside the host; an error there is first handed to the transport, which tells
+// every other rank (the other hosts only hear of it that way).
+template <typename Fn>
+void twoLevelInHost(const Context& ctx, const char* phase, Fn&& fn) {
+  trace::Span span(trace::Category::kPhase, phase);
+  try {
+    fn();
+  } catch (const Error&) {
+    ctx.transport.abort(std::current_exception(), true);
+    throw;
+  }
+}
+
+}  // namespace railshard::collectives
