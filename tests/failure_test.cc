@@ -3,6 +3,7 @@
 // or by railshard-launch --elastic; SIGKILL, SIGSTOP/SIGCONT, a rank that never arrives.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
 #include <string>
 #include <thread>
@@ -99,6 +100,48 @@ TEST_P(Killed, SurvivorsShrinkAndFinishWithVerifiedResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm"));
+
+// Two hosts x two ranks by the cluster graph (the two-rail fixture's alpha and beta; the
+// processes really share this machine, the graph makes them hosts), two-level all-reduces:
+// SIGKILL a rank whose host peer waits for it in shared memory (1), or one on the other host
+// (2). Every survivor, on either host, raises PeerLostError naming it within 2 s. A run
+// without a kill first shows the layout is the two-level one.
+TEST(KilledTwoLevel, EverySurvivorOnEitherHostNamesTheKilledRankWithinTwoSeconds) {
+  const std::map<std::string, std::string> env = {
+      {"RAILSHARD_TIMEOUT", "60"},
+      {"RAILSHARD_ALGO", "two_level"},
+      {"RAILSHARD_TOPO_FILE",
+       std::string(RAILSHARD_SOURCE_DIR) + "/tests/fixtures/two_rail_pair.json"}};
+  const auto healthy =
+      runRanksByHand(4, {"--iterations", "3", "--count", "100000"}, env, std::chrono::seconds(60));
+  for (const auto& r : healthy) {
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("over shm per host and tcp, topology"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("with 2 host(s)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("last algorithm two_level"), std::string::npos) << r.out;
+  }
+  for (const int killed : {1, 2}) {
+    auto results = runRanksByHand(4,
+                                  {"--iterations", "100000", "--die-rank", std::to_string(killed),
+                                   "--die-after", "20", "--die-how", "kill", "--count", "100000"},
+                                  env, std::chrono::seconds(60));
+    EXPECT_EQ(results[static_cast<size_t>(killed)].signal, SIGKILL)
+        << results[static_cast<size_t>(killed)].err;
+    for (int rank = 0; rank < 4; ++rank) {
+      if (rank == killed) continue;
+      const auto& r = results[static_cast<size_t>(rank)];
+      ASSERT_FALSE(r.timed_out) << "killed " << killed << ": " << r.err;
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_NE(r.err.find("PeerLostError: rank " + std::to_string(rank) + ": allreduce #"),
+                std::string::npos)
+          << "killed " << killed << ", rank " << rank << ": " << r.err;
+      EXPECT_NE(r.err.find("rank " + std::to_string(killed)), std::string::npos) << r.err;
+      const double waited = secondsWaited(r.err);
+      EXPECT_GE(waited, 0) << r.err;
+      EXPECT_LT(waited, 2.0) << "killed " << killed << ", rank " << rank << ": " << r.err;
+    }
+  }
+}
 
 // Under railshard-launch --elastic the launcher hosts the store, so even rank 0 (which hosts
 // it otherwise) may die: the launcher marks it lost, the three others shrink and finish.

@@ -16,7 +16,7 @@
 // --rails 1: print the transport's rails to the next rank at the end, one line each:
 //   "rail NAME up=U gbps=G fraction=F bytes=B"
 // Every rank prints "rank R of N ok after I allreduces over T, topology H with K host(s),
-// generation G" on success; every error is printed with its class name.
+// generation G, last algorithm A" on success; every error is printed with its class name.
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -166,10 +166,14 @@ int main(int argc, char** argv) {
     const auto* topology = comm->topology();
     std::printf(
         "rank %d of %d ok after %d allreduces over %s, topology %s with %zu host(s), "
-        "generation %d\n",
-        rank, size, options.iterations, comm->usesSharedMemory() ? "shm" : "tcp",
+        "generation %d, last algorithm %s\n",
+        rank, size, options.iterations,
+        comm->usesSharedMemory()       ? "shm"
+        : comm->usesHostSharedMemory() ? "shm per host and tcp"
+                                       : "tcp",
         topology ? topology->hash().c_str() : "none",
-        topology ? topology->hosts().size() : size_t{0}, comm->generation());
+        topology ? topology->hosts().size() : size_t{0}, comm->generation(),
+        std::string(comm->lastAlgorithm()).c_str());
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::duration<double>(options.linger_seconds));
     return 0;
