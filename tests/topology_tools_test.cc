@@ -126,14 +126,15 @@ TEST(RailshardLaunch, DumpTopologyWritesTheGraphTheRanksAgreedOn) {
   EXPECT_THAT(silent.err, HasSubstr("--dump-topology: no rank wrote"));
 }
 
-TEST(RailshardLaunch, TopologyFileSaysTwoHostsSoRanksUseTcp) {
+TEST(RailshardLaunch, TopologyFileSaysTwoHostsSoRanksShareMemoryPerHostOnly) {
   // The fixture's alpha/beta placement: 4 ranks, two per "host". The ranks all run here, but
-  // the graph is the authority on what counts as a host, so no shared memory between them.
+  // the graph is the authority on what counts as a host: one segment per host (not one for
+  // the job), TCP between the hosts.
   const auto result = runProcess(
       {kLaunch, "-n", "4", kCheck, "--iterations", "2"},
       {{"RAILSHARD_TOKEN", ""}, {"RAILSHARD_TOPO_FILE", kFixtures + "two_rail_pair.json"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_THAT(result.out, HasSubstr("allreduces over tcp, topology "));
+  EXPECT_THAT(result.out, HasSubstr("allreduces over shm per host and tcp, topology "));
   EXPECT_THAT(result.out, HasSubstr("with 2 host(s)"));
 }
 
