@@ -62,26 +62,10 @@ class RailshardBackend : public PerfBackend {
     return hosts;
   }
 
-  // The ring's slowest hop in the topology the communicator was built with: the ring
-  // all-reduce moves busbw over every hop, so no algorithm here can beat it for long.
-  tracing::LinkLimit linkLimit() const override {
-    tracing::LinkLimit unknown;
-    const topology::Topology* topology = comm_->topology();
-    if (topology == nullptr) {
-      unknown.description = "the communicator has no cluster topology";
-      return unknown;
-    }
-    if (comm_->size() < 2) {
-      unknown.description = "one rank: no link is used";
-      return unknown;
-    }
-    try {
-      return tracing::ringLimit(*topology, comm_->worldRanks());
-    } catch (const Error& e) {
-      unknown.description = e.what();
-      return unknown;
-    }
-  }
+  // The ring's slowest hop in the topology the communicator was built with (the ring
+  // all-reduce moves busbw over every hop, so no algorithm here can beat it for long), or on
+  // one host the measured shared-memory copy rate.
+  tracing::LinkLimit linkLimit() const override { return comm_->linkLimit(); }
 
   // Every dtype and op of core/base/types.h is native.
   void checkSupported(DataType, ReduceOp) const override {}

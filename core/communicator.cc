@@ -427,6 +427,8 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   input.ranks_per_host = layout_ ? layout_->maxLocal() : size_;
   input.host_shm = two_level_;
   input.network = network_;
+  input.shm_link = measured_.shm;
+  input.reduce_gbps = measured_.reduce_gbps;
   // Users ask which algorithm ran; at debug level every all-reduce says so, with the model's
   // estimates behind the choice. Only then are the strings built: they cost more than a
   // small shared-memory all-reduce.

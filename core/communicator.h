@@ -15,7 +15,9 @@
 #include "core/base/config.h"
 #include "core/base/store.h"
 #include "core/base/types.h"
+#include "core/collectives/link_probe.h"
 #include "core/collectives/tuner.h"
+#include "core/tracing/link_limit.h"
 #include "transport/message_tag.h"
 
 namespace railshard {
@@ -172,6 +174,15 @@ class Communicator {
   // Which ranks share a host (ranks compared by host in the cluster graph and by whether they
   // can map each other's memory); null for one rank.
   const collectives::HostLayout* hostLayout() const { return layout_.get(); }
+  // Shared memory's hand-off and copy rate and the reduction kernel's rate, measured at
+  // start-up on every host with several ranks (the slowest host's, the same on every rank);
+  // zeros when no host has several ranks. The tuner plans with them, and one-host
+  // efficiency figures use the copy rate as the limit.
+  const collectives::MeasuredLinks& measuredLinks() const { return measured_; }
+  // What bounds this communicator's busbw, for efficiency figures (allreduce_perf, the trace
+  // report): the ring's slowest hop in the cluster graph (tracing::ringLimit), or on one host
+  // whose graph knows no speed the measured copy rate. gbps 0, with the reason, when unknown.
+  tracing::LinkLimit linkLimit() const;
   // Name of the algorithm the last all-reduce ran ("ring", "shm_direct", ...).
   std::string_view lastAlgorithm() const { return last_algorithm_; }
   transport::Transport& transport() { return *transport_; }
@@ -192,6 +203,16 @@ class Communicator {
   // Creates (lowest rank) or attaches the segment of this host's ranks `mine` (world ranks,
   // ascending, several); stays without one when the leader could not make it.
   void mapHostSegment(Store& store, const std::string& key_prefix, const std::vector<int>& mine);
+  // Start-up measurements (collectives/link_probe.h): the host's ranks time hand-offs through
+  // `engine`, its leader a copy and the kernel, and publishes them; then every rank takes the
+  // slowest host's figures.
+  void measureHost(Store& store, const std::string& key_prefix, collectives::ShmEngine& engine,
+                   int leader);
+  void agreeOnMeasuredLinks(Store& store, const std::string& key_prefix);
+  // Enough hand-offs for a stable median, few enough to cost well under a millisecond; and
+  // copies larger than the per-core caches, as collectives' data is.
+  static constexpr int kHandOffRounds = 32;
+  static constexpr size_t kProbeBytes = size_t{2} << 20;
   // The segment of this rank's host's ranks, whichever of the two it is; null when none.
   collectives::ShmEngine* engine() const { return shm_ ? shm_.get() : host_shm_.get(); }
   // RAILSHARD_TRACE: aligns this rank's clock with rank 0's through the store (first
@@ -287,6 +308,7 @@ class Communicator {
   bool two_level_ = false;      // every host with several ranks has its segment (all ranks agree)
   size_t host_slot_bytes_ = 0;  // the smallest of those segments' slots
   collectives::LinkModel network_{0, 0};
+  collectives::MeasuredLinks measured_;
   std::string_view last_algorithm_ = "none";
   // Last tuner decision (see allreduce()).
   bool tuned_ = false;

@@ -2,12 +2,15 @@
 // (docs/architecture.md, "Shared memory").
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
 #include "core/base/error.h"
 #include "core/base/logging.h"
+#include "core/collective_tag.h"
 #include "core/collectives/host_layout.h"
+#include "core/collectives/link_probe.h"
 #include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
@@ -80,6 +83,7 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   const auto& mine =
       layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank_)])];
   if (mine.size() > 1) mapHostSegment(store, key_prefix, mine);
+  agreeOnMeasuredLinks(store, key_prefix);
   if (layout_->hostCount() == 1 || !layout_->twoLevel()) return;
   // Two levels only if every host with several ranks has its segment: each host's leader
   // published its segment's name (empty when it could not make one), and all ranks read every
@@ -155,10 +159,65 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       std::move(segment), local_rank, local_size,
       std::chrono::duration_cast<Duration>(config_.timeout),
       std::chrono::duration_cast<Duration>(config_.spin), mine);
+  measureHost(store, key_prefix, *engine, leader);
   if (layout_->hostCount() == 1) {
     shm_ = std::move(engine);
   } else {
     host_shm_ = std::move(engine);
+  }
+}
+
+void Communicator::measureHost(Store& store, const std::string& key_prefix,
+                               collectives::ShmEngine& engine, int leader) {
+  // Every rank of the host takes part in the hand-offs; the leader alone times the copy and
+  // the kernel (the others would only compete with it for the memory bus) and publishes.
+  transport::MessageTag tag;
+  tag.collective = static_cast<uint8_t>(CollectiveKind::kBarrier);
+  tag.sequence = ~uint64_t{0};  // no collective has this number: set-up's own steps
+  const double alpha = collectives::measureHandOffMicros(engine, tag, kHandOffRounds);
+  if (rank_ != leader) return;
+  const double beta = collectives::measureCopyGBps(kProbeBytes);
+  const double reduce = collectives::measureReduceGBps(kProbeBytes);
+  store.setString(shmKey(key_prefix, "link", leader),
+                  std::to_string(alpha) + " " + std::to_string(beta) + " " + std::to_string(reduce),
+                  std::chrono::duration_cast<Duration>(config_.connect_timeout));
+}
+
+void Communicator::agreeOnMeasuredLinks(Store& store, const std::string& key_prefix) {
+  // The leader of every host that mapped a segment measured it; every rank reads them all and
+  // takes the slowest host's figures, so all ranks feed the tuner the same numbers (and so
+  // choose the same algorithms). Hosts that could not map a segment published no figures.
+  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
+  collectives::MeasuredLinks agreed;
+  bool any = false;
+  for (const auto& ranks : layout_->hosts) {
+    if (ranks.size() < 2) continue;
+    const int leader = ranks.front();
+    if (store.getString(shmKey(key_prefix, "name", leader), timeout).empty()) continue;
+    double alpha = 0;
+    double beta = 0;
+    double reduce = 0;
+    const std::string text = store.getString(shmKey(key_prefix, "link", leader), timeout);
+    if (std::sscanf(text.c_str(), "%lf %lf %lf", &alpha, &beta, &reduce) != 3) {
+      throw Error("rank " + std::to_string(leader) + " published unreadable link figures '" + text +
+                  "'");
+    }
+    if (!any) {
+      agreed.shm = {alpha, beta};
+      agreed.reduce_gbps = reduce;
+      any = true;
+      continue;
+    }
+    agreed.shm.alpha_us = std::max(agreed.shm.alpha_us, alpha);
+    agreed.shm.beta_gbps = std::min(agreed.shm.beta_gbps, beta);
+    agreed.reduce_gbps = std::min(agreed.reduce_gbps, reduce);
+  }
+  measured_ = agreed;
+  if (any) {
+    RS_LOG_DEBUG(
+        "rank {}: measured shared memory {:.2f} us per hand-off, {:.1f} GB/s copy; "
+        "reduction {:.1f} GB/s",
+        rank_, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps);
   }
 }
 

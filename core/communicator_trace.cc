@@ -1,5 +1,7 @@
 // Tracing set-up of the Communicator (docs/tracing.md): clock alignment at start-up and what
 // each rank's trace file says about its rails, link limit and cluster graph.
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "core/base/logging.h"
@@ -54,19 +56,43 @@ std::string Communicator::traceMetadata() const {
   std::string out = "\"rails\":" + rails.dump() + ",\"generation\":" + std::to_string(generation_) +
                     ",\"algorithm\":\"" + std::string(last_algorithm_) + "\"";
   if (topology_ != nullptr && size_ > 1) {
-    try {
-      const auto limit = tracing::ringLimit(*topology_, world_ranks_);
-      out += ",\n\"link_limit\":" + nlohmann::json{{"gbps", limit.gbps},
-                                                   {"from", limit.from},
-                                                   {"to", limit.to},
-                                                   {"description", limit.description}}
-                                        .dump();
-    } catch (const Error& e) {
-      out += ",\n\"link_limit\":" + nlohmann::json{{"gbps", 0}, {"description", e.what()}}.dump();
-    }
+    const auto limit = linkLimit();
+    out += ",\n\"link_limit\":" + nlohmann::json{{"gbps", limit.gbps},
+                                                 {"from", limit.from},
+                                                 {"to", limit.to},
+                                                 {"description", limit.description}}
+                                      .dump();
   }
   out += ",\n\"topology\":" + (topology_ != nullptr ? topology_->toJson() : std::string("null"));
   return out;
+}
+
+tracing::LinkLimit Communicator::linkLimit() const {
+  tracing::LinkLimit limit;
+  if (topology_ == nullptr) {
+    limit.description = "the communicator has no cluster topology";
+    return limit;
+  }
+  if (size_ < 2) {
+    limit.description = "one rank: no link is used";
+    return limit;
+  }
+  try {
+    limit = tracing::ringLimit(*topology_, world_ranks_);
+  } catch (const Error& e) {
+    limit.description = e.what();
+    return limit;
+  }
+  // One host whose graph knows no speed between its ranks (CPU ranks: plain shared memory):
+  // the copy rate measured at start-up is the limit, as a rail's speed is between hosts.
+  if (limit.gbps <= 0 && shm_ != nullptr && measured_.shm.beta_gbps > 0) {
+    limit.gbps = measured_.shm.beta_gbps * 8;
+    char text[96];
+    std::snprintf(text, sizeof(text), "shared memory, %.3g Gbit/s copy rate measured at start-up",
+                  limit.gbps);
+    limit.description = text;
+  }
+  return limit;
 }
 
 }  // namespace railshard

@@ -112,5 +112,26 @@ TEST(Tuner, NetworkFigureFromTheGraphReplacesTcpDefaults) {
   EXPECT_NEAR(at_1gbit, 2 * (30 + 524288.0 / 125), 0.1);
 }
 
+// Measured figures (link_probe.h) replace the constants: shm_direct by hand with α 5 us and
+// β 2 GB/s, 2 ranks, 64 KiB: 2 * 5 + 65536 * (1 + 2 + 1) / 2000 B/us = 141.07 us; recursive
+// doubling's reduction term follows the measured kernel rate; half-measured shared memory (no
+// α) keeps the constants.
+TEST(Tuner, MeasuredSharedMemoryAndReductionRatesReplaceTheConstants) {
+  TunerInput measured = input(64 << 10, 2, true);
+  measured.shm_link = {5.0, 2.0};
+  EXPECT_NEAR(estimateMicros(Algorithm::kShmDirect, measured), 10 + 65536.0 * 4 / 2000, 0.01);
+  TunerInput half = input(64 << 10, 2, true);
+  half.shm_link = {0, 2.0};
+  EXPECT_DOUBLE_EQ(estimateMicros(Algorithm::kShmDirect, half),
+                   estimateMicros(Algorithm::kShmDirect, input(64 << 10, 2, true)));
+  // 2 ranks, 1 MB over tcp: one round, 30 + 1e6/1500 us, plus 1e6 B at the reduction rate.
+  TunerInput fast_kernel = input(1000000, 2, false);
+  fast_kernel.reduce_gbps = 10;
+  EXPECT_NEAR(estimateMicros(Algorithm::kRecursiveDoubling, fast_kernel),
+              30 + 1e6 / 1500 + 1e6 / 10000, 0.01);
+  EXPECT_NEAR(estimateMicros(Algorithm::kRecursiveDoubling, input(1000000, 2, false)),
+              30 + 1e6 / 1500 + 1e6 / 2000, 0.01);
+}
+
 }  // namespace
 }  // namespace railshard::collectives

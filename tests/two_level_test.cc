@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -344,6 +345,42 @@ TEST(TwoLevel, ReduceScatterAndAllgatherSendOneBlockPerOtherHost) {
     if (tcpPayload(comm).to_host != 0) throw std::runtime_error("bytes to the host");
   });
   test::rethrowFirst(errors);
+}
+
+// The start-up measurements: every rank, on one host or several (also a rank alone on its
+// host), ends up with the same figures, or the ranks' tuners could choose different algorithms
+// for one size. One host: the efficiency limit is the measured copy rate.
+TEST(TwoLevel, MeasuredLinksAreTheSameOnEveryRank) {
+  for (const std::vector<int>& per_host :
+       {std::vector<int>{1, 2, 3}, std::vector<int>{2, 2}, std::vector<int>{3}}) {
+    std::mutex mutex;
+    std::vector<collectives::MeasuredLinks> seen;
+    std::vector<std::string> limits;
+    auto errors = onHosts(per_host, [&](Communicator& comm) {
+      const auto measured = comm.measuredLinks();
+      const auto limit = comm.linkLimit();
+      std::lock_guard<std::mutex> lock(mutex);
+      seen.push_back(measured);
+      if (per_host.size() == 1) {
+        if (std::fabs(limit.gbps - measured.shm.beta_gbps * 8) > 1e-9 ||
+            limit.description.find("shared memory") == std::string::npos) {
+          limits.push_back(std::to_string(limit.gbps) + " " + limit.description);
+        }
+      }
+    });
+    test::rethrowFirst(errors);
+    ASSERT_EQ(seen.size(),
+              static_cast<size_t>(std::accumulate(per_host.begin(), per_host.end(), 0)));
+    EXPECT_GT(seen[0].shm.alpha_us, 0);
+    EXPECT_GT(seen[0].shm.beta_gbps, 0);
+    EXPECT_GT(seen[0].reduce_gbps, 0);
+    for (const auto& each : seen) {
+      EXPECT_EQ(each.shm.alpha_us, seen[0].shm.alpha_us);
+      EXPECT_EQ(each.shm.beta_gbps, seen[0].shm.beta_gbps);
+      EXPECT_EQ(each.reduce_gbps, seen[0].reduce_gbps);
+    }
+    EXPECT_TRUE(limits.empty()) << limits.front();
+  }
 }
 
 // Each host names a root of its own: the carriers' chains carry both roots in their headers

@@ -56,6 +56,9 @@ LinkModel tcpModel() {
 LinkModel networkModel(const TunerInput& input) {
   return input.network.beta_gbps > 0 ? input.network : tcpModel();
 }
+LinkModel sharedMemoryModel(const TunerInput& input) {
+  return input.shm_link.beta_gbps > 0 && input.shm_link.alpha_us > 0 ? input.shm_link : shmModel();
+}
 
 namespace {
 
@@ -71,24 +74,26 @@ LinkModel flatModel(const TunerInput& input) {
 }
 
 }  // namespace
-// A CPU reduction of two operands into a third, memory-bound on that machine (GB/s of vector).
+// A CPU reduction of two operands into a third, memory-bound on that machine (GB/s of vector),
+// when it was not measured.
 constexpr double kReduceGBps = 2.0;
 
 double estimateMicros(Algorithm algorithm, const TunerInput& input) {
   const double n = input.world_size;
   const double bytes = static_cast<double>(input.bytes);
   auto transfer = [](double b, const LinkModel& m) { return b / (m.beta_gbps * 1e3); };  // us
+  const double reduce_gbps = input.reduce_gbps > 0 ? input.reduce_gbps : kReduceGBps;
   switch (algorithm) {
     case Algorithm::kShmDirect: {
       if (!input.shm || input.bytes > input.shm_slot_bytes)
         return std::numeric_limits<double>::infinity();
       // copy in, then read all n inputs and write the result
-      const LinkModel m = shmModel();
+      const LinkModel m = sharedMemoryModel(input);
       return 2 * m.alpha_us + transfer(bytes * (1 + n + 1), m);
     }
     case Algorithm::kShmReduceScatterGather: {
       if (!input.shm) return std::numeric_limits<double>::infinity();
-      const LinkModel m = shmModel();
+      const LinkModel m = sharedMemoryModel(input);
       const double pieces = std::max(
           1.0, std::ceil(bytes / std::max<double>(1, static_cast<double>(input.shm_slot_bytes))));
       // copy in (n-1)/n, reduce own 1/n reading n operands, write + copy out everything
@@ -107,11 +112,11 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       const double rounds = std::floor(std::log2(n));
       const bool power_of_two = std::exp2(rounds) == n;
       return (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes, m)) +
-             rounds * bytes / (kReduceGBps * 1e3);
+             rounds * bytes / (reduce_gbps * 1e3);
     }
     case Algorithm::kTwoLevel: {
       if (!input.host_shm || input.hosts < 2) return std::numeric_limits<double>::infinity();
-      const LinkModel s = shmModel();
+      const LinkModel s = sharedMemoryModel(input);
       const LinkModel m = networkModel(input);
       const double h = input.hosts;
       const double pieces = std::max(
@@ -131,7 +136,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
     case Algorithm::kTwoLevelDirect: {
       if (!input.host_shm || input.hosts < 2 || input.bytes > input.shm_slot_bytes)
         return std::numeric_limits<double>::infinity();
-      const LinkModel s = shmModel();
+      const LinkModel s = sharedMemoryModel(input);
       const LinkModel m = networkModel(input);
       const double l = input.ranks_per_host;
       const double rounds = std::ceil(std::log2(static_cast<double>(input.hosts)));
@@ -140,7 +145,7 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       // across hosts at once (l copies share the host's link).
       return 2 * s.alpha_us + transfer(bytes * (l + 2), s) +
              (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes * l, m)) +
-             rounds * bytes / (kReduceGBps * 1e3);
+             rounds * bytes / (reduce_gbps * 1e3);
     }
   }
   return std::numeric_limits<double>::infinity();

@@ -40,6 +40,11 @@ struct TunerInput {
   // the cluster graph's rails (nominal, or probed with RAILSHARD_PROBE), tcpModel() when
   // unknown. Flat algorithms over several hosts are bound by it too.
   LinkModel network{0, 0};
+  // Measured at start-up (link_probe.h; the slowest host's): shared memory's hand-off and copy
+  // rate, and the reduction kernel's rate. Zero: not measured, shmModel() and the default
+  // reduction rate stand in.
+  LinkModel shm_link{0, 0};
+  double reduce_gbps = 0;
 };
 
 struct TunerChoice {
@@ -61,5 +66,7 @@ LinkModel shmModel();
 LinkModel tcpModel();
 // The network model of `input`: its own when set, else tcpModel().
 LinkModel networkModel(const TunerInput& input);
+// The shared-memory model of `input`: measured when it was, else shmModel().
+LinkModel sharedMemoryModel(const TunerInput& input);
 
 }  // namespace railshard::collectives

@@ -1,0 +1,70 @@
+#include "core/collectives/link_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "core/base/clock.h"
+#include "core/collectives/shm_engine.h"
+#include "kernels/reduce.h"
+
+namespace railshard::collectives {
+
+namespace {
+
+// Best of this many timings: the first warms the pages and caches, and on a shared machine a
+// later one may be preempted; the fastest is what the hardware does.
+constexpr int kTimings = 3;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+double measureCopyGBps(size_t bytes) {
+  std::vector<uint8_t> from(bytes, 1);
+  std::vector<uint8_t> to(bytes, 0);
+  double best = 0;
+  for (int i = 0; i < kTimings; ++i) {
+    const auto start = Clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const double seconds = secondsSince(start);
+    if (seconds > 0) best = std::max(best, static_cast<double>(bytes) / seconds / 1e9);
+    from[static_cast<size_t>(i) % bytes] = to[bytes - 1];  // keeps the copies observable
+  }
+  return best;
+}
+
+double measureReduceGBps(size_t bytes) {
+  const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  std::vector<float> a(count, 1.0f);
+  std::vector<float> b(count, 2.0f);
+  std::vector<float> out(count, 0.0f);
+  double best = 0;
+  for (int i = 0; i < kTimings; ++i) {
+    const auto start = Clock::now();
+    kernels::reduce(out.data(), a.data(), b.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    const double seconds = secondsSince(start);
+    if (seconds > 0)
+      best = std::max(best, static_cast<double>(count * sizeof(float)) / seconds / 1e9);
+    a[static_cast<size_t>(i) % count] = out[count - 1];
+  }
+  return best;
+}
+
+double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag, int rounds) {
+  std::vector<double> micros;
+  micros.reserve(static_cast<size_t>(rounds));
+  for (int i = 0; i < rounds; ++i) {
+    const auto start = Clock::now();
+    engine.barrier(tag);
+    micros.push_back(secondsSince(start) * 1e6);
+  }
+  if (micros.empty()) return 0;
+  std::nth_element(micros.begin(), micros.begin() + micros.size() / 2, micros.end());
+  return micros[micros.size() / 2];
+}
+
+}  // namespace railshard::collectives

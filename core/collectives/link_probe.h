@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstddef>
+
+#include "core/collectives/tuner.h"
+#include "transport/message_tag.h"
+
+namespace railshard::collectives {
+
+class ShmEngine;
+
+// What this machine measures at start-up, for the tuner (whose constants are only a first
+// guess) and for efficiency figures on one host, where no NIC gives a limit.
+
+// Bytes per second of a copy of `bytes` between two buffers of this process (GB/s, best of a
+// few): the rate at which shared-memory collectives move data in and out of slots.
+double measureCopyGBps(size_t bytes);
+// Rate of the float sum kernel over two `bytes` operands into a third (GB/s of one vector,
+// best of a few): the reductions of every algorithm.
+double measureReduceGBps(size_t bytes);
+// Microseconds of one hand-off among the ranks of `engine` (the median of `rounds` barriers,
+// every rank of the engine calling this together): what a shared-memory step costs before
+// any byte moves, with the host's real wake-up and scheduling (more ranks than cores yield).
+double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag, int rounds);
+
+// The figures a host's leader publishes and every rank agrees on (the slowest host's).
+struct MeasuredLinks {
+  LinkModel shm{0, 0};     // shared memory: α per hand-off, β of copies; 0 = not measured
+  double reduce_gbps = 0;  // 0 = not measured
+};
+
+}  // namespace railshard::collectives
