@@ -14,14 +14,6 @@
 
 namespace railshard {
 
-namespace {
-
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
-}  // namespace
-
 namespace launcher {
 
 Bootstrap bootstrapStore() {
@@ -82,13 +74,7 @@ Bootstrap bootstrapStore() {
   boot.server_keepalive = server;
 
   const std::string store_host = transport::tcp::splitHostPort(store_addr, "store address").first;
-  if (!config.socket_ifname.empty()) {
-    boot.advertise_host = addressForInterface(config.socket_ifname);
-  } else if (isLoopback(store_host)) {
-    boot.advertise_host = "127.0.0.1";
-  } else {
-    boot.advertise_host = sourceAddressFor(store_host);
-  }
+  boot.advertise_host = advertiseAddress(config.socket_ifname, store_host);
 
   boot.store = std::make_shared<TcpStore>(store_addr, config.token, config.connect_timeout);
   return boot;
@@ -96,21 +82,28 @@ Bootstrap bootstrapStore() {
 
 }  // namespace launcher
 
+std::unique_ptr<Communicator> launcher::formCommunicator(std::shared_ptr<Store> store, int rank,
+                                                         int size, const Config& config,
+                                                         const std::string& advertise_host) {
+  Communicator::Options options;
+  options.rank = rank;
+  options.size = size;
+  options.config = config;
+  options.advertise_host = advertise_host;
+  options.store = store;
+  ClusterTopologyOptions topology;
+  topology.rank = rank;
+  topology.size = size;
+  topology.config = config;
+  options.topology =
+      std::make_shared<const topology::Topology>(buildClusterTopology(*store, topology));
+  return Communicator::create(*store, options);
+}
+
 std::unique_ptr<Communicator> init() {
   launcher::Bootstrap boot = launcher::bootstrapStore();
-  Communicator::Options options;
-  options.rank = boot.rank;
-  options.size = boot.size;
-  options.config = boot.config;
-  options.advertise_host = boot.advertise_host;
-  options.store = boot.store;
-  launcher::ClusterTopologyOptions topo;
-  topo.rank = boot.rank;
-  topo.size = boot.size;
-  topo.config = boot.config;
-  options.topology =
-      std::make_shared<const topology::Topology>(launcher::buildClusterTopology(*boot.store, topo));
-  auto communicator = Communicator::create(*boot.store, options);
+  auto communicator = launcher::formCommunicator(boot.store, boot.rank, boot.size, boot.config,
+                                                 boot.advertise_host);
   if (boot.size == 1) return communicator;
   // Peers may still read the store after rank 0 is connected to all of them: the server
   // lives as long as rank 0's communicator.

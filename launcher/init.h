@@ -37,5 +37,14 @@ struct Bootstrap {
 // others through MPI) and every rank connects to it.
 Bootstrap bootstrapStore();
 
+// Forms the communicator of `size` ranks that reach one another through `store`: agrees on the
+// cluster graph (discovery, or RAILSHARD_TOPO_FILE; the rail probe when RAILSHARD_PROBE=1),
+// then builds the transports and shared memory. The one way init() and the torch.distributed
+// backend make theirs, so both get the same graph, links and algorithms from the same
+// configuration. `advertise_host`: this rank's address for its peers (advertiseAddress()).
+std::unique_ptr<Communicator> formCommunicator(std::shared_ptr<Store> store, int rank, int size,
+                                               const Config& config,
+                                               const std::string& advertise_host);
+
 }  // namespace launcher
 }  // namespace railshard

@@ -154,4 +154,13 @@ std::string defaultHostAddress() {
   return "127.0.0.1";
 }
 
+std::string advertiseAddress(const std::string& socket_ifname, const std::string& store_host) {
+  if (!socket_ifname.empty()) return addressForInterface(socket_ifname);
+  if (store_host.empty()) return defaultHostAddress();
+  if (store_host == "localhost" || store_host.rfind("127.", 0) == 0 || store_host == "::1") {
+    return "127.0.0.1";
+  }
+  return sourceAddressFor(store_host);
+}
+
 }  // namespace railshard::launcher

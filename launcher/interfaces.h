@@ -34,4 +34,10 @@ std::string sourceAddressFor(const std::string& host);
 // First up, non-loopback IPv4 address (skipping docker/veth bridges), else 127.0.0.1.
 std::string defaultHostAddress();
 
+// The address a rank advertises to its peers (init() and the torch.distributed backend alike):
+// the interface `socket_ifname` selects (RAILSHARD_SOCKET_IFNAME) when set; else 127.0.0.1
+// when the store is on a loopback address, the local address that reaches the store's host
+// otherwise, and defaultHostAddress() when that host is unknown ("").
+std::string advertiseAddress(const std::string& socket_ifname, const std::string& store_host);
+
 }  // namespace railshard::launcher

@@ -176,13 +176,43 @@ TEST(AllreducePerfJson, TopologyRailsGiveTheLimit) {
   std::remove(path.c_str());
 }
 
-// Both ranks on one host of the graph, whose shared-memory path has no known speed: no
-// efficiency anywhere, and the header says why. The table keeps nccl-tests' 13 columns.
+// Both ranks on one host of the graph, which knows no speed between them: the limit is the
+// shared-memory copy rate the ranks measured at start-up, and every row's efficiency is the
+// in-place busbw against it.
+TEST(AllreducePerfJson, OneHostLimitIsTheMeasuredSharedMemoryCopyRate) {
+  SKIP_WITHOUT_PERF();
+  const std::string topo_path = twoRankTopology(false);
+  const std::string path = test::tempPath("perf_one_host.json");
+  const auto r = run(sweep({"--json", path}), {{"RAILSHARD_TOPO_FILE", topo_path}});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json doc = readJson(path);
+  ASSERT_TRUE(doc["link_limit"].is_object()) << doc.dump(2);
+  const double gbps = doc["link_limit"]["gbps"].get<double>();
+  EXPECT_GT(gbps, 0);
+  const std::string description = doc["link_limit"]["description"];
+  EXPECT_NE(description.find("shared memory"), std::string::npos) << description;
+  EXPECT_NE(description.find("measured at start-up"), std::string::npos) << description;
+  expectRowsConsistent(doc);
+  for (const json& row : doc["rows"]) {
+    EXPECT_NEAR(row["efficiency"].get<double>(), row["ip_busbw"].get<double>() * 8 / gbps,
+                1e-9 * row["efficiency"].get<double>());
+  }
+  EXPECT_NE(r.out.find("Avg efficiency"), std::string::npos) << r.out;
+  EXPECT_EQ(test::perfTableRows(r.out).at(0).size(), 14u) << r.out;
+  std::remove(topo_path.c_str());
+  std::remove(path.c_str());
+}
+
+// The same ranks kept on TCP (RAILSHARD_TRANSPORT=tcp): nothing measured a speed between
+// them, so no efficiency anywhere, and the header says why. The table keeps nccl-tests' 13
+// columns.
 TEST(AllreducePerfJson, UnknownLimitMeansNullEfficiencyAndNoColumn) {
   SKIP_WITHOUT_PERF();
   const std::string topo_path = twoRankTopology(false);
   const std::string path = test::tempPath("perf_unknown.json");
-  const auto r = run(sweep({"--json", path}), {{"RAILSHARD_TOPO_FILE", topo_path}});
+  const auto r = run(sweep({"--json", path}),
+                     {{"RAILSHARD_TOPO_FILE", topo_path}, {"RAILSHARD_TRANSPORT", "tcp"}});
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const json doc = readJson(path);

@@ -17,13 +17,14 @@ const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
 const std::string kPerf = RAILSHARD_ALLREDUCE_PERF_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
-// Every data row of allreduce_perf's table: both #wrong columns must be 0; returns the rows.
+// Every data row of allreduce_perf's table (with or without the efficiency column): both
+// #wrong columns must be 0; returns the rows.
 int checkPerfTable(const std::string& out) {
   std::istringstream lines(out);
   std::string line;
   int rows = 0;
   const std::regex row(
-      R"(^(\[0\] )?\s+(\d+)\s+(\d+)\s+float\s+sum\s+-1\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s*$)");
+      R"(^(\[0\] )?\s+(\d+)\s+(\d+)\s+float\s+sum\s+-1\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)(\s+\S+)?\s*$)");
   while (std::getline(lines, line)) {
     std::smatch m;
     if (std::regex_match(line, m, row)) {

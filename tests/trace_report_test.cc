@@ -192,6 +192,39 @@ TEST(TraceReport, LimitOverridesReplaceTheEmbeddedTopology) {
   EXPECT_NE(renderText(none).find("link limit: unknown"), std::string::npos);
 }
 
+// A graph that knows no speed (one host of CPU ranks) and a rank that recorded the copy rate
+// it measured as its link_limit: the report takes the recorded figure; without it, none.
+TEST(TraceReport, RecordedLimitStandsInWhenTheEmbeddedGraphKnowsNoSpeed) {
+  const std::string dir = copyFixtures("report_recorded_limit");
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string path = dir + "/" + rankFileName(rank);
+    Json file = Json::parse(readText(path));
+    auto& graph = file["railshard"]["topology"];
+    for (auto& v : graph["vertices"]) v.erase("speed_gbps");
+    for (auto& l : graph["links"]) {
+      if (l["kind"] == "ethernet") l.erase("nominal_gbps");
+    }
+    file["railshard"]["link_limit"] = {
+        {"gbps", rank == 2 ? 20.0 : 0.0},
+        {"description", "shared memory, 20 Gbit/s copy rate measured at start-up"}};
+    writeText(path, file.dump());
+  }
+  const Report recorded = analyse(readTraceDir(dir), {});
+  EXPECT_DOUBLE_EQ(recorded.limit.gbps, 20.0);
+  EXPECT_EQ(recorded.limit.source, "link_limit in rank 2's trace");
+  EXPECT_NE(recorded.limit.description.find("shared memory"), std::string::npos);
+  // 2.5 Gbit/s gave 0.8 at 1 MiB: the same busbw against 20 Gbit/s.
+  EXPECT_NEAR(sizeRow(recorded, "allreduce", 1048576).efficiency, 0.8 * 2.5 / 20, 1e-9);
+
+  const std::string path = dir + "/" + rankFileName(2);
+  Json file = Json::parse(readText(path));
+  file["railshard"]["link_limit"]["gbps"] = 0.0;
+  writeText(path, file.dump());
+  const Report none = analyse(readTraceDir(dir), {});
+  EXPECT_EQ(none.limit.gbps, 0);
+  EXPECT_NE(none.limit.source.find("topology"), std::string::npos) << none.limit.source;
+}
+
 TEST(TraceReport, SlowestRankAndWhatTheOthersWaited) {
   const Report report = fixtureReport();
   ASSERT_EQ(report.collectives.size(), 7u);

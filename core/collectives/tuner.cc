@@ -188,6 +188,13 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
   for (Algorithm a :
        {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
         Algorithm::kRecursiveDoubling, Algorithm::kTwoLevel, Algorithm::kTwoLevelDirect}) {
+    // One host with a segment: shared memory only. Loopback TCP moves the same bytes through
+    // the same memory plus the kernel, so it wins only when a start-up measurement was
+    // unlucky (a loaded moment inflates the hand-off time); and every collective on one host
+    // then goes through the segment, whose header check catches ranks that call different
+    // collectives (over two channels each side would wait for its deadline instead).
+    const bool over_tcp = a == Algorithm::kRing || a == Algorithm::kRecursiveDoubling;
+    if (input.shm && over_tcp) continue;
     const double cost = estimateMicros(a, input);
     if (!std::isfinite(cost)) continue;
     if (reason) *reason << name(a) << "=" << cost << "us ";

@@ -52,7 +52,8 @@ struct TunerChoice {
   std::string reason;  // the estimates behind the choice, for the debug log
 };
 
-// Picks the cheapest applicable algorithm by the cost model, or `forced` when set (and
+// Picks the cheapest applicable algorithm by the cost model (on one host with a segment, the
+// cheapest shared-memory one), or `forced` when set (and
 // applicable; a forced shared-memory algorithm without shared memory is a ConfigError).
 // `explain` fills TunerChoice::reason with the estimates; it costs a string per call, so the
 // hot path asks only when debug logging is on.

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "core/base/error.h"
@@ -387,10 +388,16 @@ LimitInfo resolveLimit(const TraceSet& traces, const ReportOptions& options) {
     return fromTopology(*options.topology, traces.world_size,
                         "--topology " + options.topology_source);
   }
+  // The embedded graph first; when it knows no speed (one host of CPU ranks), the limit a
+  // rank recorded, which is then the shared-memory copy rate it measured at start-up.
+  std::optional<LimitInfo> unknown;
   for (const auto& trace : traces.ranks) {
     if (trace.topology) {
-      return fromTopology(*trace.topology, traces.world_size,
-                          "topology in rank " + std::to_string(trace.rank) + "'s trace");
+      LimitInfo limit = fromTopology(*trace.topology, traces.world_size,
+                                     "topology in rank " + std::to_string(trace.rank) + "'s trace");
+      if (limit.gbps > 0) return limit;
+      unknown = std::move(limit);
+      break;
     }
   }
   for (const auto& trace : traces.ranks) {
@@ -400,6 +407,7 @@ LimitInfo resolveLimit(const TraceSet& traces, const ReportOptions& options) {
               trace.link_limit_description};
     }
   }
+  if (unknown) return *unknown;
   return {0, "", "no topology in the trace; give --topology FILE or --link-gbps X"};
 }
 

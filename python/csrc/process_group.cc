@@ -10,8 +10,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/base/error.h"
-#include "core/topology/topology.h"
-#include "launcher/cluster_topology.h"
+#include "launcher/init.h"
 #include "launcher/interfaces.h"
 #include "python/csrc/c10d_store.h"
 #include "python/csrc/tensor_staging.h"
@@ -45,16 +44,15 @@ std::string rendezvousHost(c10::intrusive_ptr<c10d::Store> store) {
 // RAILSHARD_SOCKET_IFNAME interface, else the one that routes to the rendezvous host (the
 // TCPStore's, MASTER_ADDR, railshard-launch's store), else the first non-loopback address.
 std::string advertiseHost(const Config& config, const c10::intrusive_ptr<c10d::Store>& store) {
-  if (!config.socket_ifname.empty()) return launcher::addressForInterface(config.socket_ifname);
-  std::string host = rendezvousHost(store);
-  if (host.empty()) {
+  std::string host = config.socket_ifname.empty() ? rendezvousHost(store) : std::string();
+  if (host.empty() && config.socket_ifname.empty()) {
     if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master) {
       host = master;
     } else if (const char* addr = std::getenv("RAILSHARD_STORE_ADDR"); addr != nullptr && *addr) {
       host = transport::tcp::splitHostPort(addr, "RAILSHARD_STORE_ADDR").first;
     }
   }
-  return host.empty() ? launcher::defaultHostAddress() : launcher::sourceAddressFor(host);
+  return launcher::advertiseAddress(config.socket_ifname, host);
 }
 
 void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
@@ -147,19 +145,8 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     timeout_ = std::chrono::duration_cast<Communicator::Timeout>(config.timeout);
     auto railshard_store = std::make_shared<C10dStore>(store);
 
-    Communicator::Options options;
-    options.rank = rank;
-    options.size = size;
-    options.config = config;
-    options.advertise_host = size > 1 ? advertiseHost(config, store) : "";
-    options.store = railshard_store;
-    launcher::ClusterTopologyOptions topology;
-    topology.rank = rank;
-    topology.size = size;
-    topology.config = config;
-    options.topology = std::make_shared<const topology::Topology>(
-        launcher::buildClusterTopology(*railshard_store, topology));
-    communicator_ = Communicator::create(*railshard_store, options);
+    communicator_ = launcher::formCommunicator(railshard_store, rank, size, config,
+                                               size > 1 ? advertiseHost(config, store) : "");
   });
   worker_ = std::thread([this] { workerLoop(); });
   std::lock_guard lock(registryMutex());
