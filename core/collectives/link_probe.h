@@ -18,9 +18,13 @@ double measureCopyGBps(size_t bytes);
 // Rate of the float sum kernel over two `bytes` operands into a third (GB/s of one vector,
 // best of a few): the reductions of every algorithm.
 double measureReduceGBps(size_t bytes);
-// Microseconds of one hand-off among the ranks of `engine` (the median of `rounds` barriers,
+// Microseconds of one hand-off among the ranks of `engine` (the fastest of `rounds` barriers,
 // every rank of the engine calling this together): what a shared-memory step costs before
-// any byte moves, with the host's real wake-up and scheduling (more ranks than cores yield).
+// any byte moves when the host's ranks are all running. The fastest, not the median: with
+// more ranks than cores the median is mostly how long the scheduler kept a peer off a core,
+// which varied 0.2-48 us between two start-ups of one job here, and which the model's TCP
+// figures (constants) do not carry either, so a median made shared memory look slower than
+// loopback TCP and the tuner pick a flat ring 3.5x slower than two levels.
 double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag, int rounds);
 
 // The figures a host's leader publishes and every rank agrees on (the slowest host's).
