@@ -56,7 +56,8 @@ void twoLevelReduceScatter(const Context& ctx, ShmEngine* host, const HostLayout
   if (host != nullptr) {
     // The buffer in handler order, then (in the same slot) the blocks this rank reduced.
     const size_t total = order.begin.back() * element;
-    uint8_t* ordered = ctx.workspace.get(kHandlerOrderSlot, std::max<size_t>(1, 2 * total));
+    uint8_t* ordered = ctx.workspace.get(kHandlerOrderSlot,
+                                         std::max<size_t>(1, total + mine.size() * block_bytes));
     uint8_t* reduced = ordered + total;
     size_t at = 0;
     for (const auto& blocks : order.handled) {
