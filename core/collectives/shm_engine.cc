@@ -103,6 +103,14 @@ void ShmEngine::wakeEveryone() {
 void ShmEngine::abort(ErrorKind kind, const std::string& message) {
   auto& header = segment_->header();
   if (header.aborted.load() != 0) return;
+  uint32_t unclaimed = 0;
+  if (!header.abort_claimed.compare_exchange_strong(unclaimed, 1)) {
+    // Another rank is writing its error; callers raise the segment's error next, so wait
+    // until it is complete (a few microseconds; bounded in case that rank died meanwhile).
+    const auto give_up = Clock::now() + std::chrono::seconds(1);
+    while (header.aborted.load() == 0 && Clock::now() < give_up) std::this_thread::yield();
+    return;
+  }
   const size_t length = std::min(message.size(), sizeof(header.abort_message) - 1);
   std::memcpy(header.abort_message, message.data(), length);
   header.abort_message[length] = '\0';

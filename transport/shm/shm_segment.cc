@@ -20,7 +20,7 @@ namespace railshard::transport::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x5253484d53454731ULL;  // "RSHMSEG1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: SegmentHeader::abort_claimed
 constexpr size_t kPage = 4096;
 
 // std::string("/") + name, spelled so that GCC 12 does not raise a false -Wrestrict.

@@ -38,6 +38,10 @@ struct alignas(128) SegmentHeader {
   uint64_t slot_bytes;
   std::atomic<uint32_t> sleepers;  // processes inside futex wait on any word
   FutexWord aborted;               // non-zero once any rank aborted
+  // The first rank to abort claims the message before writing it: two ranks that detect a
+  // mismatch at the same moment would otherwise write their texts over each other (seen:
+  // "rank 0 has float, rank 0 has int32", half of each).
+  std::atomic<uint32_t> abort_claimed;
   std::atomic<int32_t> abort_rank;
   std::atomic<uint32_t> abort_kind;
   char abort_message[2048];
