@@ -30,13 +30,6 @@ inline bool sameCollective(const MessageTag& a, const MessageTag& b) {
          a.collective == b.collective && a.dtype == b.dtype && a.op == b.op;
 }
 
-// A message from `peer` of collective `theirs` arrived for no posted receive while this rank
-// runs `current` (in_collective): the mismatch to raise when it has the same collective number
-// but is another collective, else nullopt.
-std::optional<std::string> unsolicitedMismatch(const TagFormatter& formatter, int my_rank,
-                                               bool in_collective, const MessageTag& current,
-                                               int peer, const MessageTag& theirs);
-
 // The trace event of one send or receive from posting to now (docs/tracing.md), in world rank
 // `trace_rank`'s process; nothing when it is < 0 or the request was posted with tracing off.
 void traceTransfer(const Request& request, int trace_rank);

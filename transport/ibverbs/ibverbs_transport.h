@@ -16,6 +16,7 @@
 #include "transport/ibverbs/qp_params.h"
 #include "transport/ibverbs/verbs_api.h"
 #include "transport/ibverbs/wire_format.h"
+#include "transport/messaging/current_collective.h"
 #include "transport/rails/rail_scheduler.h"
 
 namespace railshard::transport::ibverbs {
@@ -83,7 +84,6 @@ class IbverbsTransport : public Transport {
   void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
-  std::optional<std::string> checkUnsolicitedLocked(int peer, const MessageTag& theirs) const;
   // ibverbs_transport_progress.cc
   void progressLoop();
   bool pollCompletions();
@@ -137,8 +137,7 @@ class IbverbsTransport : public Transport {
   std::function<std::string(const MessageTag&)> timeout_explainer_;
 
   std::atomic<int> trace_rank_{-1};
-  MessageTag current_{};  // guarded by mutex_
-  bool in_collective_ = false;
+  messaging::CurrentCollective current_{options_.rank, &options_.formatter};
 };
 
 }  // namespace railshard::transport::ibverbs

@@ -89,6 +89,8 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
     if (r == options.rank || !rdma_peers[static_cast<size_t>(r)]) continue;
     peers_[static_cast<size_t>(r)] = std::make_unique<Peer>();
     peers_[static_cast<size_t>(r)]->rank = r;
+    peers_[static_cast<size_t>(r)]->book = messaging::MessageBook(
+        options.rank, r, &options_.formatter, messaging::MessageBook::Pieces::kWhole);
   }
   control_->setFailureListener(
       [this](ErrorKind kind, const std::string& message) { onControlFailure(kind, message); });

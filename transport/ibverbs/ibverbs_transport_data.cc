@@ -25,7 +25,7 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
     lock.unlock();
     checkHealthy();
   }
-  auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, peer->next_send++);
+  auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, peer->book.numberSend());
   if (cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data))
     prepareDeviceSendLocked(*peer, *op);
   const size_t rails = peer->lanes.size();
@@ -72,46 +72,20 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
   if (peer == nullptr) return control_->irecv(peer_rank, data, bytes, tag);
   checkHealthy();
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!peer->idle_failure.empty() && peer->early.count(peer->next_recv) == 0) {
+  if (!peer->idle_failure.empty() && !peer->book.nextArrived()) {
     failLocked(ErrorKind::kPeerLost, peer->idle_failure);
     lock.unlock();
     checkHealthy();
   }
-  auto op = std::make_shared<RecvOp>(peer_rank, data, bytes, tag, peer->next_recv++);
+  auto op = std::make_shared<RecvOp>(peer_rank, data, bytes, tag);
   op->device = cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data);
-  auto early = peer->early.find(op->message);
-  if (early == peer->early.end()) {
-    peer->receiving.emplace(op->message, op);
-    return op;
-  }
-  Peer::Early& staged = early->second;
-  if (!(staged.tag == tag)) {
-    failLocked(ErrorKind::kMismatch,
-               options_.formatter.mismatch
-                   ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged.tag)
-                   : "tag mismatch");
-  } else if (staged.total != bytes) {
-    failLocked(ErrorKind::kMismatch, "rank " + std::to_string(options_.rank) + " expected " +
-                                         std::to_string(bytes) + " bytes for " + describe(tag) +
-                                         " but rank " + std::to_string(peer_rank) + " sent " +
-                                         std::to_string(staged.total) +
-                                         " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)");
-  } else {
-    // Pieces still to come land in `data` directly; those here are copied over once (the
-    // parts of the staging buffer not yet written are overwritten by those pieces later).
-    if (bytes > 0 && !copyInLocked(*op, 0, staged.data.data(), bytes)) {
-      lock.unlock();
-      raisePendingFailure();
-      checkHealthy();
-    }
-    op->received = staged.received;
-    op->offsets = std::move(staged.offsets);
-    peer->early.erase(early);
-    // An early entry exists only once a piece arrived, so an empty message is complete here.
-    if (op->received == bytes) {
+  messaging::MessageBook::Posted posted = peer->book.post(op, data, bytes, tag);
+  if (posted.problem) {
+    failLocked(posted.problem->kind, posted.problem->text);
+  } else if (posted.complete) {
+    // It had arrived whole before this receive: one copy out of the staging buffer.
+    if (bytes == 0 || copyInLocked(*op, 0, posted.complete->staged.data(), bytes)) {
       completeLocked(op);
-    } else {
-      peer->receiving.emplace(op->message, op);
     }
   }
   lock.unlock();
@@ -221,108 +195,53 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   // Everything in the header is checked before a byte of it is used.
   std::string problem;
   const bool resent = header.magic == PieceHeader::kMagicResend;
-  if (resent) peer.resends_seen = true;
-  // After a lane failed, a piece can arrive twice (it landed, its acknowledgement was lost,
-  // it was sent again on another lane): such duplicates are dropped, anything else is an error.
-  const bool duplicates_possible = peer.resends_seen;
   if (header.magic != PieceHeader::kMagic && !resent) {
     problem = "a piece without the header magic";
   } else if (byte_len != kHeaderBytes + header.length) {
     problem = "a write of " + std::to_string(byte_len) + " bytes for a piece of " +
               std::to_string(header.length);
-  } else if (header.length > lane.local.slot_bytes - kHeaderBytes || header.offset > header.total ||
-             header.length > header.total - header.offset) {
-    problem = "a piece [" + std::to_string(header.offset) + ", +" + std::to_string(header.length) +
-              ") outside its message of " + std::to_string(header.total) + " bytes";
-  } else if (header.message < peer.next_recv && peer.receiving.count(header.message) == 0) {
-    if (duplicates_possible) {
-      lane.recv->release(slot);
-      returnCreditsLocked(lane, false);
-      return;
-    }
-    problem = "a piece of message " + std::to_string(header.message) + ", already complete";
+  } else if (header.length > lane.local.slot_bytes - kHeaderBytes) {
+    problem = "a piece of " + std::to_string(header.length) + " bytes in a slot of " +
+              std::to_string(lane.local.slot_bytes);
   }
   if (!problem.empty()) {
     failLocked(ErrorKind::kProtocol,
                "rank " + std::to_string(options_.rank) + ": " + from + " sent " + problem);
     return;
   }
-  auto posted = peer.receiving.find(header.message);
-  if (posted != peer.receiving.end()) {
-    RecvOp& op = *posted->second;
-    if (!(op.tag() == header.tag)) {
-      failLocked(ErrorKind::kMismatch,
-                 options_.formatter.mismatch
-                     ? options_.formatter.mismatch(options_.rank, op.tag(), lane.peer, header.tag)
-                     : "tag mismatch");
-      return;
-    }
-    if (op.bytes() != header.total) {
-      failLocked(ErrorKind::kMismatch, "rank " + std::to_string(options_.rank) + " expected " +
-                                           std::to_string(op.bytes()) + " bytes for " +
-                                           describe(op.tag()) + " but rank " +
-                                           std::to_string(lane.peer) + " sent " +
-                                           std::to_string(header.total) +
-                                           " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)");
-      return;
-    }
+  // After a lane failed, a piece can arrive twice (it landed, its acknowledgement was lost,
+  // it was sent again on another lane): from the first re-sent piece on, the book drops such
+  // duplicates; anything else is an error.
+  if (resent) peer.book.allowDuplicates();
+  messaging::MessageBook::Arrival arrival = peer.book.arrive(
+      messaging::PieceInfo{header.message, header.tag, header.total, header.offset, header.length},
+      [&](const MessageTag& theirs) { return current_.unsolicited(lane.peer, theirs); });
+  if (arrival.problem) {
+    failLocked(arrival.problem->kind, arrival.problem->kind == ErrorKind::kProtocol
+                                          ? arrival.problem->text + " (on " + laneName(lane) + ")"
+                                          : arrival.problem->text);
+    return;
+  }
+  if (arrival.entry) {
+    messaging::Incoming& entry = *arrival.entry;
     if (poisoned_.load()) return;  // the buffer may be gone
-    const bool fresh = op.offsets.insert(header.offset).second;
-    if (!fresh && duplicates_possible) {
-      lane.recv->release(slot);
-      returnCreditsLocked(lane, false);
+    const uint8_t* payload = base + kHeaderBytes;
+    if (entry.staging) {
+      if (header.length > 0)
+        std::memcpy(entry.staged.data() + header.offset, payload, header.length);
+    } else if (header.length > 0 && !copyInLocked(static_cast<RecvOp&>(*entry.request),
+                                                  header.offset, payload, header.length)) {
       return;
     }
-    if (!fresh || op.received + header.length > op.bytes()) {
-      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
-                                           " sent more bytes of message " +
-                                           std::to_string(header.message) + " than its size");
-      return;
-    }
-    if (header.length > 0 && !copyInLocked(op, header.offset, base + kHeaderBytes, header.length)) {
-      return;
-    }
-    op.received += header.length;
-    if (op.received == op.bytes()) {
-      auto request = posted->second;
-      peer.receiving.erase(posted);
-      completeLocked(request);
-    }
-  } else {
-    auto found = peer.early.find(header.message);
-    if (found == peer.early.end()) {
-      if (auto mismatch = checkUnsolicitedLocked(lane.peer, header.tag)) {
-        failLocked(ErrorKind::kMismatch, *mismatch);
+    if (messaging::IncomingPtr done = peer.book.landed(header.message, entry, header.length)) {
+      // Staged, and its receive was posted meanwhile: one copy into the receive's buffer.
+      auto& op = static_cast<RecvOp&>(*done->request);
+      if (done->staging && done->total > 0 &&
+          !copyInLocked(op, 0, done->staged.data(), done->total)) {
         return;
       }
-      Peer::Early early;
-      early.tag = header.tag;
-      early.total = header.total;
-      early.data.resize(header.total);
-      found = peer.early.emplace(header.message, std::move(early)).first;
-    } else if (!(found->second.tag == header.tag) || found->second.total != header.total) {
-      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
-                                           " sent pieces of message " +
-                                           std::to_string(header.message) +
-                                           " that disagree on its tag or size");
-      return;
+      completeLocked(done->request);
     }
-    const bool fresh = found->second.offsets.insert(header.offset).second;
-    if (!fresh && duplicates_possible) {
-      lane.recv->release(slot);
-      returnCreditsLocked(lane, false);
-      return;
-    }
-    if (!fresh || found->second.received + header.length > found->second.total) {
-      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
-                                           " sent more bytes of message " +
-                                           std::to_string(header.message) + " than its size");
-      return;
-    }
-    if (header.length > 0) {
-      std::memcpy(found->second.data.data() + header.offset, base + kHeaderBytes, header.length);
-    }
-    found->second.received += header.length;
   }
   lane.recv->release(slot);
   returnCreditsLocked(lane, false);
@@ -361,26 +280,18 @@ void IbverbsTransport::completeLocked(const std::shared_ptr<Request>& request) {
   state_changed_.notify_all();
 }
 
-std::optional<std::string> IbverbsTransport::checkUnsolicitedLocked(
-    int peer, const MessageTag& theirs) const {
-  return unsolicitedMismatch(options_.formatter, options_.rank, in_collective_, current_, peer,
-                             theirs);
-}
-
 void IbverbsTransport::enterCollective(const MessageTag& tag) {
   control_->enterCollective(tag);
+  current_.enter(tag);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    current_ = tag;
-    in_collective_ = true;
     // What arrived before this rank got here.
     for (const auto& peer : peers_) {
       if (!peer) continue;
-      for (const auto& [message, early] : peer->early) {
-        if (auto mismatch = checkUnsolicitedLocked(peer->rank, early.tag)) {
-          failLocked(ErrorKind::kMismatch, *mismatch);
-          break;
-        }
+      if (auto mismatch = peer->book.checkStaged(
+              [&](const MessageTag& theirs) { return current_.unsolicited(peer->rank, theirs); })) {
+        failLocked(ErrorKind::kMismatch, *mismatch);
+        break;
       }
     }
   }

@@ -10,6 +10,7 @@
 #include "core/base/trace.h"
 #include "transport/ibverbs/ibverbs_transport.h"
 #include "transport/ibverbs/registration_cache.h"
+#include "transport/messaging/message_book.h"
 
 namespace railshard::transport::ibverbs {
 
@@ -100,43 +101,25 @@ struct IbverbsTransport::SendOp : Request {
 };
 
 struct IbverbsTransport::RecvOp : Request {
-  RecvOp(int peer, void* data_in, size_t bytes, const MessageTag& tag, uint64_t message_in)
-      : Request(Kind::kRecv, peer, bytes, tag),
-        data(static_cast<uint8_t*>(data_in)),
-        message(message_in) {}
+  RecvOp(int peer, void* data_in, size_t bytes, const MessageTag& tag)
+      : Request(Kind::kRecv, peer, bytes, tag), data(static_cast<uint8_t*>(data_in)) {}
   uint8_t* data;
-  uint64_t message;
-  uint64_t received = 0;
-  std::set<uint64_t> offsets;  // pieces received, so a resent duplicate is not counted twice
-  bool device = false;         // CUDA device memory: pieces are copied in by the driver
+  bool device = false;  // CUDA device memory: pieces are copied in by the driver
 };
 
 struct IbverbsTransport::Peer {
   int rank = -1;
   std::vector<Lane*> lanes;  // by rail
   std::optional<rails::RailScheduler> scheduler;
-  uint64_t next_send = 0;
-  uint64_t next_recv = 0;
+  // Numbering, matching, staging and the checks before a byte lands.
+  messaging::MessageBook book{-1, -1, nullptr};
   std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
-  std::map<uint64_t, std::shared_ptr<RecvOp>> receiving;
-  // A message whose receive is not posted yet, staged as it arrives.
-  struct Early {
-    MessageTag tag;
-    uint64_t total = 0;
-    uint64_t received = 0;
-    std::vector<uint8_t> data;
-    std::set<uint64_t> offsets;
-  };
-  std::map<uint64_t, Early> early;
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
   // rank asks the peer for something; then it is the PeerLostError.
   std::string idle_failure;
-  // A resent piece arrived: duplicates (of pieces or of whole completed messages) are
-  // possible from now on and are dropped instead of being protocol errors.
-  bool resends_seen = false;
   bool busy() const {
-    if (!sending.empty() || !receiving.empty()) return true;
+    if (!sending.empty() || book.awaitsAny()) return true;
     for (const Lane* lane : lanes) {
       for (const auto& flight : lane->in_flight) {
         if (flight.op) return true;

@@ -118,7 +118,7 @@ void TcpTransport::sendByes() {
       if (channel->lost) continue;
       auto bye = std::make_shared<Segment>();
       bye->header.kind = static_cast<uint8_t>(FrameKind::kBye);
-      bye->header.message = peer->next_send;
+      bye->header.message = peer->book.sent();
       queueSegmentLocked(*peer, *channel, bye);
     }
   }
@@ -176,7 +176,7 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
     if (peer.lost || peer.bye_received) {
       lost_reason = peer.lost ? "the connection is gone" : "it closed its communicator";
     } else {
-      const uint64_t message = peer.next_send++;
+      const uint64_t message = peer.book.numberSend();
       auto piece = [&](size_t offset, size_t length) {
         auto segment = std::make_shared<Segment>();
         segment->header.kind = static_cast<uint8_t>(FrameKind::kData);
@@ -223,45 +223,28 @@ RequestPtr TcpTransport::irecv(int peer_rank, void* data, size_t bytes, const Me
     throw InvalidArgument("irecv: bad peer rank " + std::to_string(peer_rank));
   }
   Peer& peer = *peers_[static_cast<size_t>(peer_rank)];
-  auto op = std::make_shared<RecvOp>(peer_rank, data, bytes, tag);
+  auto op = std::make_shared<Request>(Request::Kind::kRecv, peer_rank, bytes, tag);
   std::optional<std::string> problem;
   ErrorKind kind = ErrorKind::kMismatch;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    const uint64_t message = peer.next_recv++;
-    auto found = peer.incoming.find(message);
-    if (found != peer.incoming.end()) {
-      // Its first piece came before this receive: it is being staged.
-      Incoming& staged = *found->second;
-      if (!(staged.tag == tag)) {
-        problem = options_.formatter.mismatch
-                      ? options_.formatter.mismatch(options_.rank, tag, peer_rank, staged.tag)
-                      : "tag mismatch";
-      } else if (staged.total != bytes) {
-        problem = "rank " + std::to_string(options_.rank) + " expected " + std::to_string(bytes) +
-                  " bytes for " + describe(tag) + " but rank " + std::to_string(peer_rank) +
-                  " sent " + std::to_string(staged.total) +
-                  " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
-      } else if (staged.complete) {
-        if (bytes > 0) std::memcpy(data, staged.staged.data(), bytes);
-        peer.incoming.erase(found);
-        if (trace::enabled()) traceTransfer(*op, trace_rank_.load(std::memory_order_relaxed));
-        op->markDone();
-      } else {
-        staged.claimer = op;
-      }
-    } else if (peer.lost || (peer.bye_received && message >= peer.bye_messages)) {
+    if (!peer.book.nextArrived() &&
+        (peer.lost || (peer.bye_received && peer.book.received() >= peer.bye_messages))) {
       kind = ErrorKind::kPeerLost;
       problem = "rank " + std::to_string(options_.rank) + ": cannot receive " + describe(tag) +
                 " from " + peerName(peer_rank) + ": " +
                 (peer.lost ? "the connection is gone" : "it closed its communicator");
     } else {
-      auto entry = std::make_shared<Incoming>();
-      entry->tag = tag;
-      entry->total = bytes;
-      entry->remaining = bytes;
-      entry->op = op;
-      peer.incoming.emplace(message, std::move(entry));
+      messaging::MessageBook::Posted posted = peer.book.post(op, data, bytes, tag);
+      if (posted.problem) {
+        kind = posted.problem->kind;
+        problem = std::move(posted.problem->text);
+      } else if (posted.complete) {
+        // It had arrived whole before this receive.
+        if (bytes > 0) std::memcpy(data, posted.complete->staged.data(), bytes);
+        if (trace::enabled()) traceTransfer(*op, trace_rank_.load(std::memory_order_relaxed));
+        op->markDone();
+      }
     }
   }
   if (problem) {
@@ -322,32 +305,16 @@ void TcpTransport::wait(const RequestPtr& request, Deadline deadline) {
   rethrowAfterQuiesce();
 }
 
-namespace {}  // namespace
-
-std::optional<std::string> TcpTransport::checkUnsolicited(int peer,
-                                                          const MessageTag& theirs) const {
-  std::lock_guard<std::mutex> lock(current_mutex_);
-  return unsolicitedMismatch(options_.formatter, options_.rank, in_collective_, current_, peer,
-                             theirs);
-}
-
 void TcpTransport::enterCollective(const MessageTag& tag) {
   checkHealthy();
-  {
-    std::lock_guard<std::mutex> lock(current_mutex_);
-    current_ = tag;
-    in_collective_ = true;
-  }
+  current_.enter(tag);
   // What arrived before this rank got here.
   std::optional<std::string> problem;
   for (auto& peer : peers_) {
     if (!peer || problem) continue;
     std::lock_guard<std::mutex> lock(peer->mutex);
-    for (const auto& [message, entry] : peer->incoming) {
-      if (entry->op) continue;
-      problem = checkUnsolicited(peer->rank, entry->tag);
-      if (problem) break;
-    }
+    problem = peer->book.checkStaged(
+        [&](const MessageTag& theirs) { return current_.unsolicited(peer->rank, theirs); });
   }
   if (problem) {
     fail(makeError(ErrorKind::kMismatch, *problem), true);

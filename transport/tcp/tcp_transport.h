@@ -13,6 +13,7 @@
 
 #include "core/base/config.h"
 #include "core/base/store.h"
+#include "transport/messaging/current_collective.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
@@ -110,9 +111,7 @@ class TcpTransport : public Transport {
 
  private:
   struct SendOp;
-  struct RecvOp;
   struct Segment;
-  struct Incoming;
   struct Channel;
   struct Peer;
   struct Listener;
@@ -215,11 +214,7 @@ class TcpTransport : public Transport {
   std::atomic<bool> progress_paused_for_testing_{false};
   std::atomic<bool> progress_parked_for_testing_{false};
   // The collective the user thread is in (enterCollective), read by the progress thread.
-  mutable std::mutex current_mutex_;
-  MessageTag current_{};
-  bool in_collective_ = false;
-  // "mismatch" text when an unsolicited message of the current collective has another tag.
-  std::optional<std::string> checkUnsolicited(int peer, const MessageTag& theirs) const;
+  messaging::CurrentCollective current_{options_.rank, &options_.formatter};
   std::mutex listener_mutex_;
   std::function<void(ErrorKind, const std::string&)> failure_listener_;
   Clock::time_point last_loop_{};  // progress thread only: its previous turn

@@ -50,6 +50,7 @@ void TcpTransport::addChannel(int peer_rank, int index, int count, int rail_inde
   if (!slot) {
     slot = std::make_unique<Peer>();
     slot->rank = peer_rank;
+    slot->book = messaging::MessageBook(options_.rank, peer_rank, &options_.formatter);
     slot->connector = peer_rank < options_.rank;
     for (int c = 0; c < count; ++c) {
       auto channel = std::make_unique<Channel>();

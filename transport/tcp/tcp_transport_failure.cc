@@ -94,7 +94,7 @@ void TcpTransport::detachUserMemory() {
       channel->sends.swap(kept);
       channel->unacked.clear();
     }
-    peer->incoming.clear();
+    peer->book.clear();
   }
 }
 
@@ -171,10 +171,7 @@ void TcpTransport::onConnectionLost(Peer& peer, Channel& channel, const std::str
     // missing is either arriving on another rail or will never come.
     pending = !channel.sends.empty();
     if (graceful) {
-      for (auto it = peer.incoming.lower_bound(peer.bye_messages); it != peer.incoming.end();
-           ++it) {
-        if (it->second->op) pending = true;
-      }
+      if (peer.book.awaitsFrom(peer.bye_messages)) pending = true;
     }
     other_rail = otherRailUpLocked(peer, channel);
     if (graceful && !pending) {

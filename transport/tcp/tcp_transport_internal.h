@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/messaging/message_book.h"
 #include "transport/rails/rail_scheduler.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -65,12 +66,6 @@ struct TcpTransport::SendOp : Request {
   bool waited = false;  // someone waits for it: once all is written, copy what is unacked
 };
 
-struct TcpTransport::RecvOp : Request {
-  RecvOp(int peer, void* buffer, size_t bytes, const MessageTag& tag)
-      : Request(Kind::kRecv, peer, bytes, tag), data(static_cast<uint8_t*>(buffer)) {}
-  uint8_t* data;
-};
-
 // One frame queued on or written to a connection: a piece of a message, or a control frame.
 struct TcpTransport::Segment {
   FrameHeader header;
@@ -86,19 +81,6 @@ struct TcpTransport::Segment {
     owned.assign(reinterpret_cast<const char*>(data), header.payload_bytes);
     data = reinterpret_cast<const uint8_t*>(owned.data());
   }
-};
-
-// A message being received: a posted receive (data lands in its buffer) or, when the first
-// piece came before the receive was posted, a staging buffer.
-struct TcpTransport::Incoming {
-  MessageTag tag;
-  uint64_t total = 0;
-  uint64_t remaining = 0;
-  std::shared_ptr<RecvOp> op;
-  std::vector<uint8_t> staged;
-  bool complete = false;
-  std::shared_ptr<RecvOp> claimer;  // receive posted while the staged message still arrives
-  uint8_t* base() { return op ? op->data : staged.data(); }
 };
 
 // One TCP connection to a peer (one rail, or one socket of a rail).
@@ -147,7 +129,7 @@ struct TcpTransport::Channel {
   bool in_payload = false;
   uint8_t* target = nullptr;
   size_t payload_got = 0;
-  std::shared_ptr<Incoming> target_in;
+  messaging::IncomingPtr target_in;  // the message the payload belongs to
   std::string abort_text;
   uint64_t consumed = 0;     // stream bytes read
   uint64_t ack_sent = 0;     // `consumed` in our last ack
@@ -184,9 +166,7 @@ struct TcpTransport::Peer {
 
   std::mutex mutex;  // guards everything below and the channels' shared state
   std::unique_ptr<rails::RailScheduler> scheduler;  // several channels only
-  uint64_t next_send = 0;                           // message number of the next isend
-  uint64_t next_recv = 0;                           // and of the next irecv
-  std::map<uint64_t, std::shared_ptr<Incoming>> incoming;
+  messaging::MessageBook book{-1, -1, nullptr};     // numbering, matching, staging, checks
   bool bye_received = false;
   uint64_t bye_messages = 0;  // messages the peer sent before its goodbye
   bool lost = false;          // no connection left

@@ -70,7 +70,8 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
     uint64_t consumed = channel.consumed;
     if (channel.in_payload && channel.header.kind == static_cast<uint8_t>(FrameKind::kData) &&
         channel.target_in) {
-      channel.target_in->remaining -= channel.payload_got;
+      // Not the whole piece, so it cannot complete the message: the rest is re-sent.
+      peer.book.landed(channel.header.message, *channel.target_in, channel.payload_got);
     } else if (channel.in_payload) {
       consumed -= channel.payload_got + sizeof(FrameHeader);
     } else {

@@ -104,11 +104,7 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
         }
         // Receives the peer will never send to (those it did send may still be arriving on
         // other rails).
-        pending = false;
-        for (auto it = peer.incoming.lower_bound(peer.bye_messages); it != peer.incoming.end();
-             ++it) {
-          if (it->second->op) pending = true;
-        }
+        pending = peer.book.awaitsFrom(peer.bye_messages);
       }
       if (pending && !stopping_.load()) {
         fail(makeError(ErrorKind::kPeerLost,
@@ -160,56 +156,28 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
       channel.target = reinterpret_cast<uint8_t*>(channel.abort_text.data());
       break;
     case FrameKind::kData: {
-      std::optional<std::string> problem;
-      ErrorKind kind = ErrorKind::kMismatch;
+      std::optional<messaging::Problem> problem;
       {
         std::lock_guard<std::mutex> lock(peer.mutex);
-        auto found = peer.incoming.find(header.message);
-        if (found == peer.incoming.end()) {
-          if (header.message < peer.next_recv) {
-            kind = ErrorKind::kProtocol;
-            problem = "rank " + std::to_string(peer.rank) + " sent more of message " +
-                      std::to_string(header.message) + ", which was already complete";
-          } else if (header.total_bytes > detail::kMaxStagedBytes) {
-            problem = "rank " + std::to_string(peer.rank) + " sent an unsolicited message of " +
-                      std::to_string(header.total_bytes) + " bytes";
-          } else if ((problem = checkUnsolicited(peer.rank, header.tag))) {
-            // A message of the collective this rank is in, but not what it runs.
-          } else {
-            auto staged = std::make_shared<Incoming>();
-            staged->tag = header.tag;
-            staged->total = header.total_bytes;
-            staged->remaining = header.total_bytes;
-            staged->staged.resize(header.total_bytes);
-            found = peer.incoming.emplace(header.message, std::move(staged)).first;
-          }
-        }
-        if (!problem) {
-          Incoming& entry = *found->second;
-          if (entry.op && !(entry.tag == header.tag)) {
-            problem =
-                options_.formatter.mismatch
-                    ? options_.formatter.mismatch(options_.rank, entry.tag, peer.rank, header.tag)
-                    : "tag mismatch";
-          } else if (entry.op && entry.total != header.total_bytes) {
-            problem = "rank " + std::to_string(options_.rank) + " expected " +
-                      std::to_string(entry.total) + " bytes for " + describe(entry.tag) +
-                      " but rank " + std::to_string(peer.rank) + " sent " +
-                      std::to_string(header.total_bytes) +
-                      " (do all ranks use the same RAILSHARD_CHUNK_BYTES?)";
-          } else if (!(entry.tag == header.tag) || entry.total != header.total_bytes) {
-            kind = ErrorKind::kProtocol;
-            problem = "rank " + std::to_string(peer.rank) + " sent pieces of message " +
-                      std::to_string(header.message) + " that disagree on its tag or size";
-          } else {
-            channel.target_in = found->second;
-            channel.target = entry.base() + header.offset;
-          }
+        messaging::MessageBook::Arrival arrival = peer.book.arrive(
+            messaging::PieceInfo{header.message, header.tag, header.total_bytes, header.offset,
+                                 header.payload_bytes},
+            [&](const MessageTag& theirs) { return current_.unsolicited(peer.rank, theirs); });
+        if (arrival.entry) {
+          channel.target = arrival.entry->base() + header.offset;
+          channel.target_in = std::move(arrival.entry);
+        } else {
+          // TCP never delivers a piece twice: a duplicate is as wrong as any other problem.
+          problem =
+              arrival.problem
+                  ? std::move(arrival.problem)
+                  : messaging::Problem{ErrorKind::kProtocol,
+                                       "rank " + std::to_string(peer.rank) + " sent a piece twice"};
         }
       }
       if (problem) {
         // The payload has nowhere safe to go; after fail() the reader drops it.
-        fail(makeError(kind, *problem), true);
+        fail(makeError(problem->kind, problem->text), true);
         return;
       }
       break;
@@ -238,28 +206,16 @@ void TcpTransport::onPayloadComplete(Peer& peer, Channel& channel) {
     return;
   }
   channel.ack_wanted = true;
-  std::shared_ptr<RecvOp> done;
+  messaging::IncomingPtr done;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
-    Incoming& entry = *channel.target_in;
-    entry.remaining -= header.payload_bytes;
-    if (entry.remaining == 0) {
-      if (entry.op) {
-        done = entry.op;
-        peer.incoming.erase(header.message);
-      } else {
-        entry.complete = true;
-        if (entry.claimer) {
-          if (entry.total > 0) {
-            std::memcpy(entry.claimer->data, entry.staged.data(), entry.total);
-          }
-          done = entry.claimer;
-          peer.incoming.erase(header.message);
-        }
-      }
+    done = peer.book.landed(header.message, *channel.target_in, header.payload_bytes);
+    // Staged, and its receive was posted meanwhile: one copy into the receive's buffer.
+    if (done && done->staging && done->total > 0) {
+      std::memcpy(done->user, done->staged.data(), done->total);
     }
   }
-  if (done) completeRequest(*done);
+  if (done) completeRequest(*done->request);
   channel.target_in.reset();
   channel.target = nullptr;
 }
