@@ -106,3 +106,23 @@ write("frame_fuzz", "hello_rejoin", b"\x03" + hello(flags=1))
 write("frame_fuzz", "data_out_of_range", b"\x03" + hello() + header(1, 2**63, 0, 2**63, 2**63))
 write("frame_fuzz", "abort_huge", b"\x03" + hello() + header(2, 2**40, error_kind=9))
 write("frame_fuzz", "truncated", b"\x03" + hello() + header(1, 8, 0, 0, 8)[:40])
+
+# message_book_fuzz: byte 0 the kind of links (bit 0: whole pieces), then 6-byte operations:
+# kind (0 post, 1 piece, 2 duplicates allowed, 3 queries), message, step, size, offset, length.
+def post(step, size):
+    return bytes([0, 0, step, size, 0, 0])
+
+
+def piece(message, step, size, offset, length):
+    return bytes([1, message, step, size, offset, length])
+
+
+# Receive first, then its two pieces; a staged message, then its receive; a re-sent piece.
+in_order = post(0, 40) + piece(0, 0, 40, 0, 24) + piece(0, 0, 40, 24, 16)
+early = piece(0, 1, 30, 10, 20) + post(1, 30) + piece(0, 1, 30, 0, 10)
+resent = in_order + bytes([2, 0, 0, 0, 0, 0]) + piece(0, 0, 40, 24, 16)
+write("message_book_fuzz", "stream_in_order", b"\x00" + in_order)
+write("message_book_fuzz", "stream_early", b"\x00" + early + bytes([3, 0, 0, 0, 0, 0]))
+write("message_book_fuzz", "whole_resent", b"\x01" + resent)
+write("message_book_fuzz", "mismatches", b"\x01" + post(0, 8) + piece(0, 1, 8, 0, 8)
+      + piece(0, 0, 9, 0, 8) + piece(3, 0, 255, 0, 1) + piece(0, 0, 8, 6, 4))

@@ -17,7 +17,7 @@ cmake --build "$build" -j "$(nproc)" --target railshard_fuzzers
 
 mkdir -p "$build/artifacts"
 failed=()
-for target in store_protocol_fuzz frame_fuzz store_server_fuzz; do
+for target in store_protocol_fuzz frame_fuzz store_server_fuzz message_book_fuzz; do
   # New inputs go to a scratch directory, never into the checked-in seeds.
   work=$(mktemp -d)
   log="$build/artifacts/$target.log"

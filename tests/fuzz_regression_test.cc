@@ -11,15 +11,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/base/error.h"
 #include "launcher/store_protocol.h"
+#include "transport/messaging/message_book.h"
 #include "transport/tcp/frame.h"
 
 // Each harness in its own namespace, its entry point renamed, so both fit in this binary.
@@ -33,6 +36,11 @@ namespace frame_harness {
 #include "fuzz/frame_fuzz.cc"
 #undef LLVMFuzzerTestOneInput
 }  // namespace frame_harness
+namespace message_book_harness {
+#define LLVMFuzzerTestOneInput messageBookTestOneInput
+#include "fuzz/message_book_fuzz.cc"
+#undef LLVMFuzzerTestOneInput
+}  // namespace message_book_harness
 
 namespace railshard::transport::tcp {
 namespace {
@@ -83,6 +91,14 @@ TEST(FuzzCorpus, FrameSeedsReplay) {
   const auto inputs = corpus("frame_fuzz");
   ASSERT_FALSE(inputs.empty());
   for (const auto& input : inputs) frame_harness::frameTestOneInput(input.data(), input.size());
+}
+
+TEST(FuzzCorpus, MessageBookSeedsReplay) {
+  const auto inputs = corpus("message_book_fuzz");
+  ASSERT_FALSE(inputs.empty());
+  for (const auto& input : inputs) {
+    message_book_harness::messageBookTestOneInput(input.data(), input.size());
+  }
 }
 
 // ---- frame headers ------------------------------------------------------------------------

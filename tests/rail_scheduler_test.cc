@@ -45,7 +45,12 @@ TEST(RailScheduler, SplitsCoverEveryByteOnceInProportion) {
   }
   // Small messages go whole to the fastest rail.
   EXPECT_THAT(s.split(4096), ElementsAre(Piece{2, 0, 4096}));
-  EXPECT_TRUE(s.split(0).empty());
+  // An empty message still travels (its tag is checked): one empty piece, on the fastest rail.
+  EXPECT_THAT(s.split(0), ElementsAre(Piece{2, 0, 0}));
+  EXPECT_EQ(s.fastest(), 2);
+  s.markDown(2, "cable pulled");
+  EXPECT_EQ(s.fastest(), 1);
+  EXPECT_THAT(s.split(0), ElementsAre(Piece{1, 0, 0}));
 }
 
 TEST(RailScheduler, EveryLiveRailKeepsAMinimumShare) {
@@ -158,6 +163,8 @@ TEST(RailScheduler, DownRailsGetNothingAndAllDownIsPeerLost) {
     EXPECT_THAT(e.what(),
                 HasSubstr("every rail is down: eth0 (connection reset), eth1 (stalled 2 s)"));
   }
+  EXPECT_THROW(s.split(0), PeerLostError);  // an empty message needs a rail too
+  EXPECT_THROW(s.fastest(), PeerLostError);
   s.markUp(0, 3);
   EXPECT_DOUBLE_EQ(s.gbps(0), 3);
   EXPECT_EQ(s.split(100).front().rail, 0);

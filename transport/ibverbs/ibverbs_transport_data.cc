@@ -31,19 +31,8 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   const size_t rails = peer->lanes.size();
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
-  std::vector<rails::Piece> pieces;
-  if (bytes > 0) {
-    pieces = peer->scheduler->split(bytes);  // PeerLostError when no rail is up
-  } else {
-    // An empty message still travels: it carries the tag the receiver checks.
-    int fastest = 0;
-    for (size_t r = 0; r < rails; ++r) {
-      if (peer->scheduler->gbps(static_cast<int>(r)) > peer->scheduler->gbps(fastest)) {
-        fastest = static_cast<int>(r);
-      }
-    }
-    pieces.push_back(rails::Piece{fastest, 0, 0});
-  }
+  // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
+  const std::vector<rails::Piece> pieces = peer->scheduler->split(bytes);
   for (const auto& piece : pieces) {
     const Lane& lane = *peer->lanes[static_cast<size_t>(piece.rail)];
     const size_t payload = lane.remote.slot_bytes - kHeaderBytes;

@@ -105,25 +105,29 @@ double RailScheduler::fraction(int rail) const {
   return fractions()[static_cast<size_t>(rail)];
 }
 
-std::vector<Piece> RailScheduler::split(size_t bytes) const {
-  std::vector<Piece> pieces;
-  if (bytes == 0) return pieces;
-  int fastest = -1;
+int RailScheduler::fastest() const {
+  int best = -1;
   for (int i = 0; i < rails(); ++i) {
     if (rails_[static_cast<size_t>(i)].up &&
-        (fastest < 0 ||
-         rails_[static_cast<size_t>(i)].gbps > rails_[static_cast<size_t>(fastest)].gbps)) {
-      fastest = i;
+        (best < 0 ||
+         rails_[static_cast<size_t>(i)].gbps > rails_[static_cast<size_t>(best)].gbps)) {
+      best = i;
     }
   }
-  if (fastest < 0) {
+  if (best < 0) {
     std::string names;
     for (const auto& r : rails_)
       names += (names.empty() ? "" : ", ") + r.name + " (" + r.down_reason + ")";
     throw PeerLostError("every rail is down: " + names);
   }
+  return best;
+}
+
+std::vector<Piece> RailScheduler::split(size_t bytes) const {
+  std::vector<Piece> pieces;
+  const int fastest_rail = fastest();
   if (bytes <= options_.small_message_bytes || upCount() == 1) {
-    pieces.push_back({fastest, 0, bytes});
+    pieces.push_back({fastest_rail, 0, bytes});
     return pieces;
   }
   // Cut points at aligned offsets; the last live rail takes what is left, so the pieces

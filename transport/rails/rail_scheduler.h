@@ -46,9 +46,13 @@ class RailScheduler {
   RailScheduler(std::vector<std::string> names, std::vector<double> initial_gbps,
                 SchedulerOptions options = {});
 
-  // Pieces covering [0, bytes) exactly, in offset order, over rails that are up. Empty for 0
-  // bytes. PeerLostError naming every rail and why it is down when none is up.
+  // Pieces covering [0, bytes) exactly, in offset order, over rails that are up. A zero-byte
+  // message is one empty piece on the fastest rail: it still travels, carrying the tag the
+  // receiver checks. PeerLostError naming every rail and why it is down when none is up.
   std::vector<Piece> split(size_t bytes) const;
+  // The fastest rail that is up: where small messages, acknowledgements and reports go.
+  // PeerLostError as split() when none is up.
+  int fastest() const;
   // A piece of `bytes` took `seconds` on `rail` (from hand-off to completion). The first
   // sample of a rail replaces its starting estimate outright: nominal speeds are routinely
   // off by several times (a veth says 10 Gbit/s; a shared or shaped NIC its link rate).

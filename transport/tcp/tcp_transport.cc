@@ -195,9 +195,7 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
         op->unwritten = 1;
         queueSegmentLocked(peer, *peer.channels[0], piece(0, bytes));
       } else {
-        // A zero-byte message still needs its frame; it goes where one byte would.
-        std::vector<rails::Piece> pieces = peer.scheduler->split(std::max<size_t>(bytes, 1));
-        if (bytes == 0) pieces[0].length = 0;
+        std::vector<rails::Piece> pieces = peer.scheduler->split(bytes);
         op->outstanding = static_cast<int>(pieces.size());
         op->unwritten = op->outstanding;
         for (const auto& p : pieces) {

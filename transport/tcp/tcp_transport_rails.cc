@@ -128,8 +128,7 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
 void TcpTransport::sendRailReportsLocked(Peer& peer) {
   // Every report not yet answered goes out again with each new one: if the connection that
   // carried an earlier report died too, this one carries it.
-  std::vector<rails::Piece> carrier = peer.scheduler->split(1);
-  Channel& via = *peer.channels[static_cast<size_t>(carrier[0].rail)];
+  Channel& via = *peer.channels[static_cast<size_t>(peer.scheduler->fastest())];
   for (auto& channel : peer.channels) {
     if (channel->up || (channel->report_sent && channel->report_received)) continue;
     queueControlLocked(peer, via, FrameKind::kRailDown, static_cast<uint64_t>(channel->index),
@@ -185,8 +184,7 @@ void TcpTransport::resendLocked(Peer& peer, Channel& channel, uint64_t consumed)
 
 void TcpTransport::resendPieceLocked(Peer& peer, Segment& old, uint64_t skip) {
   const uint64_t length = old.header.payload_bytes - skip;
-  std::vector<rails::Piece> pieces = peer.scheduler->split(std::max<uint64_t>(length, 1));
-  if (length == 0) pieces[0].length = 0;
+  std::vector<rails::Piece> pieces = peer.scheduler->split(length);
   for (const auto& p : pieces) {
     auto segment = std::make_shared<Segment>();
     segment->header = old.header;

@@ -68,7 +68,7 @@ void TcpTransport::maybeAck(Peer& peer, Channel& channel) {
   // slower than it is. A ping is answered on the rail it came on: that is its point.
   Channel* carrier = &channel;
   if (!channel.ping_wanted && peer.scheduler->upCount() > 0) {
-    carrier = peer.channels[static_cast<size_t>(peer.scheduler->split(1)[0].rail)].get();
+    carrier = peer.channels[static_cast<size_t>(peer.scheduler->fastest())].get();
   }
   queueControlLocked(peer, *carrier, FrameKind::kAck, static_cast<uint64_t>(channel.index),
                      channel.consumed, channel.generation);
