@@ -74,6 +74,7 @@ transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& o
   ib.slots = config.ib_slots;
   ib.slot_bytes = config.ib_slot_bytes;
   ib.rail_weights = config.rail_weights;
+  ib.stripe_tcp = config.stripe_tcp;
   return ib;
 }
 

@@ -30,6 +30,9 @@ void fuzzHeader(std::span<const uint8_t> bytes) {
     // What validation promises the read path, which sizes buffers and copies from these.
     check(header.magic == kFrameMagic);
     switch (static_cast<FrameKind>(header.kind)) {
+      case FrameKind::kPiece:
+        check(header.error_kind <= kPieceResent);
+        [[fallthrough]];
       case FrameKind::kData:
         check(header.offset <= header.total_bytes);
         check(header.payload_bytes <= header.total_bytes - header.offset);

@@ -251,6 +251,14 @@ const std::vector<Config::Variable>& Config::variables() {
          }
          c.rail_weights = v;
        }},
+      {"RAILSHARD_STRIPE_TCP", "0",
+       "1: between two hosts that use RDMA, stripe messages over the TCP connections too, "
+       "beside the RDMA lanes, by measured rate (a TCP rail on its own NIC adds its "
+       "bandwidth; one on the RDMA port's own interface would only compete with it). Every "
+       "rank must use the same value.",
+       [](Config& c, const std::string& v) {
+         c.stripe_tcp = parseInteger("RAILSHARD_STRIPE_TCP", v, 0, 1) == 1;
+       }},
       {"RAILSHARD_SOCKETS_PER_RAIL", "1",
        "TCP connections per rail between two hosts (1-16); more can help a fast NIC that one "
        "stream cannot fill.",
@@ -355,7 +363,8 @@ std::string Config::describe() const {
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
-      << " rail_weights=" << rail_weights << " sockets_per_rail=" << sockets_per_rail
+      << " rail_weights=" << rail_weights << " stripe_tcp=" << (stripe_tcp ? "1" : "0")
+      << " sockets_per_rail=" << sockets_per_rail
       << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
       << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events
       << " metrics=" << (metrics_path.empty() ? "-" : metrics_path)

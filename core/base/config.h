@@ -41,7 +41,8 @@ struct Config {
   bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
   std::chrono::milliseconds probe_time{200};  // bulk-transfer time per rail in the probe
   std::string rail_weights = "adaptive";      // RAILSHARD_RAIL_WEIGHTS: adaptive | static | equal
-  int sockets_per_rail = 1;                   // RAILSHARD_SOCKETS_PER_RAIL
+  bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails
+  int sockets_per_rail = 1;  // RAILSHARD_SOCKETS_PER_RAIL
   std::chrono::milliseconds rail_timeout{2000};  // RAILSHARD_RAIL_TIMEOUT: stalled rail
   std::string dispatch_policy = "proportional";  // RAILSHARD_DISPATCH_POLICY
   int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps

@@ -30,6 +30,9 @@ struct FactoryOptions {
   int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
   size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   std::string rail_weights = "adaptive";
+  // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
+  // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
+  bool stripe_tcp = false;
 };
 
 // Whether this build contains the RDMA transport (infiniband/verbs.h was found at build time).

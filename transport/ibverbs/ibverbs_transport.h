@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "transport/ibverbs/credit_window.h"
@@ -17,6 +18,7 @@
 #include "transport/ibverbs/verbs_api.h"
 #include "transport/ibverbs/wire_format.h"
 #include "transport/messaging/current_collective.h"
+#include "transport/messaging/piece_link.h"
 #include "transport/rails/rail_scheduler.h"
 
 namespace railshard::transport::ibverbs {
@@ -38,13 +40,14 @@ namespace railshard::transport::ibverbs {
 // NEVER RUN ON RDMA HARDWARE: this code was developed on machines without an HCA; its data path
 // runs in the tests against an in-process software emulation of libibverbs
 // (tests/fakes/fake_ibverbs.cc). See docs/rdma.md.
-class IbverbsTransport : public Transport {
+class IbverbsTransport : public Transport, private messaging::PieceSink {
  public:
   struct Rail;
   struct Lane;
   struct Peer;
   struct SendOp;
   struct RecvOp;
+  struct TcpLanding;
 
   // Opens the rails and connects every RDMA pair (collective over all ranks).
   IbverbsTransport(Store& store, const VerbsApi& api, const FactoryOptions& options,
@@ -102,6 +105,16 @@ class IbverbsTransport : public Transport {
   [[noreturn]] void rethrowPoisoned() const;
   std::string describe(const MessageTag& tag) const;
   std::string laneName(const Lane& lane) const;
+  // ibverbs_transport_tcp.cc: the TCP connections as one more rail (RAILSHARD_STRIPE_TCP).
+  // Posts a piece over them; false after failLocked().
+  bool postTcpPieceLocked(Peer& peer, SendOp& op, size_t offset, size_t length, bool resend);
+  // The RDMA lanes' part of a send is done: complete it, or leave that to wait() once its
+  // TCP pieces are sent.
+  void rdmaPartDoneLocked(const std::shared_ptr<SendOp>& op);
+  // wait() for a send whose RDMA part is done: waits for its TCP pieces, then completes it.
+  void finishTcpParts(const RequestPtr& request, SendOp& op, Deadline deadline);
+  Landing pieceArriving(int peer, const messaging::PieceInfo& piece) override;
+  void pieceLanded(int peer, const messaging::PieceInfo& piece, uint64_t bytes) override;
   // ibverbs_transport_device.cc: GPU buffers (never run on a GPU; docs/rdma.md).
   void prepareDeviceSendLocked(Peer& peer, SendOp& op);
   // Copies between a (host or device) user buffer and host memory; false after failLocked().
@@ -116,6 +129,10 @@ class IbverbsTransport : public Transport {
   FactoryOptions options_;
   QpTiming timing_;
   std::unique_ptr<Transport> control_;
+  // control_ as a carrier of this transport's pieces (RAILSHARD_STRIPE_TCP), else null.
+  messaging::PieceLink* tcp_link_ = nullptr;
+  // Pieces arriving over TCP, by (peer, message, offset): where their payload lands.
+  std::map<std::tuple<int, uint64_t, uint64_t>, std::unique_ptr<TcpLanding>> tcp_landings_;
   std::vector<std::unique_ptr<Rail>> rails_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // wr_id names a lane by its index here
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for self and non-RDMA peers

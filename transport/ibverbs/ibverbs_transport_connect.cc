@@ -94,6 +94,11 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
   }
   control_->setFailureListener(
       [this](ErrorKind kind, const std::string& message) { onControlFailure(kind, message); });
+  if (options.stripe_tcp) {
+    // Before the lanes are exchanged: no peer sends a piece before that exchange is over.
+    tcp_link_ = dynamic_cast<messaging::PieceLink*>(control_.get());
+    if (tcp_link_ != nullptr) tcp_link_->setPieceSink(this);
+  }
   try {
     openRails(ports);
     connectLanes(store);
@@ -101,6 +106,7 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
     if (wake_fd_ < 0) throw Error("ibverbs: eventfd failed: " + errnoText(errno));
     progress_ = std::thread([this] { progressLoop(); });
   } catch (...) {
+    if (tcp_link_ != nullptr) tcp_link_->setPieceSink(nullptr);
     teardown();
     control_->setFailureListener(nullptr);
     throw;
@@ -114,6 +120,8 @@ IbverbsTransport::~IbverbsTransport() {
     (void)!::write(wake_fd_, &one, sizeof(one));
   }
   if (progress_.joinable()) progress_.join();
+  // Returns once the TCP reader is out of pieceArriving/pieceLanded for good.
+  if (tcp_link_ != nullptr) tcp_link_->setPieceSink(nullptr);
   control_->setFailureListener(nullptr);
   teardown();
   if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -214,6 +222,13 @@ void IbverbsTransport::connectLanes(Store& store) {
                         std::to_string(peer.rank) +
                         " have no RDMA rail in common (their first ports differ in link layer: " +
                         "InfiniBand vs Ethernet); set RAILSHARD_IB_HCA or RAILSHARD_TRANSPORT=tcp");
+    }
+    if (tcp_link_ != nullptr) {
+      // One more rail: the TCP connections to the peer, at their nominal rate (0, unknown,
+      // starts at the lanes' mean), then measured.
+      peer.tcp_rail = static_cast<int>(names.size());
+      names.push_back("tcp");
+      speeds.push_back(tcp_link_->pieceGbps(peer.rank));
     }
     rails::SchedulerOptions scheduler_options;
     peer.scheduler.emplace(

@@ -28,12 +28,19 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, peer->book.numberSend());
   if (cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data))
     prepareDeviceSendLocked(*peer, *op);
-  const size_t rails = peer->lanes.size();
+  const auto rails = static_cast<size_t>(peer->scheduler->rails());  // lanes, then TCP
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
   // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
   const std::vector<rails::Piece> pieces = peer->scheduler->split(bytes);
   for (const auto& piece : pieces) {
+    if (piece.rail == peer->tcp_rail) {
+      // One piece: the TCP transport cuts it for its own rails.
+      op->per_rail[static_cast<size_t>(piece.rail)].push_back(
+          SendOp::Chunk{piece.offset, piece.length});
+      ++op->unposted;
+      continue;
+    }
     const Lane& lane = *peer->lanes[static_cast<size_t>(piece.rail)];
     const size_t payload = lane.remote.slot_bytes - kHeaderBytes;
     auto& chunks = op->per_rail[static_cast<size_t>(piece.rail)];
@@ -110,6 +117,19 @@ void IbverbsTransport::pumpLocked(Peer& peer) {
         if (!pending_failures_.empty()) return;
       }
       if (op->next[r] < chunks.size()) blocked[r] = true;
+    }
+    if (peer.tcp_rail >= 0) {
+      // TCP takes every piece at once (it queues them itself), in message order.
+      const auto t = static_cast<size_t>(peer.tcp_rail);
+      auto& chunks = op->per_rail[t];
+      bool posted = false;
+      while (op->next[t] < chunks.size()) {
+        const SendOp::Chunk chunk = chunks[op->next[t]++];
+        --op->unposted;
+        posted = true;
+        if (!postTcpPieceLocked(peer, *op, chunk.offset, chunk.length, chunk.resend)) return;
+      }
+      if (posted && op->unposted == 0 && op->outstanding == 0) rdmaPartDoneLocked(op);
     }
   }
   while (!peer.sending.empty() && peer.sending.front()->unposted == 0) {

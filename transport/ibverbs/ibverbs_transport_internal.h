@@ -2,6 +2,7 @@
 
 // Internals shared by the ibverbs_transport_*.cc files.
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -98,6 +99,21 @@ struct IbverbsTransport::SendOp : Request {
   bool device = false;
   bool staged = false;
   std::vector<RegistrationCache::Lease> leases;
+  // Pieces over TCP (RAILSHARD_STRIPE_TCP), guarded by the transport's mutex until
+  // rdma_finished is set; final from then on (failover only moves RDMA lanes' pieces).
+  std::vector<RequestPtr> tcp_parts;
+  std::vector<std::vector<uint8_t>> tcp_host;  // device memory: host copies the pieces send
+  uint64_t tcp_bytes = 0;
+  Clock::time_point posted = Clock::now();
+  std::atomic<bool> rdma_finished{false};  // every RDMA piece acknowledged
+};
+
+// A piece arriving over TCP: the message it lands in, or a bounce buffer (a receive in device
+// memory is copied in once it landed; a duplicate is dropped).
+struct IbverbsTransport::TcpLanding {
+  messaging::IncomingPtr entry;
+  std::vector<uint8_t> bounce;
+  bool discard = false;
 };
 
 struct IbverbsTransport::RecvOp : Request {
@@ -114,6 +130,7 @@ struct IbverbsTransport::Peer {
   // Numbering, matching, staging and the checks before a byte lands.
   messaging::MessageBook book{-1, -1, nullptr};
   std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
+  int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
   // rank asks the peer for something; then it is the PeerLostError.

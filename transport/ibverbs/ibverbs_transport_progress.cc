@@ -121,7 +121,7 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         }
         if (done.op) {
           --done.op->outstanding;
-          if (done.op->unposted == 0 && done.op->outstanding == 0) completeLocked(done.op);
+          if (done.op->unposted == 0 && done.op->outstanding == 0) rdmaPartDoneLocked(done.op);
         }
         pumpLocked(peer);
         returnCreditsLocked(lane, false);
@@ -256,9 +256,12 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
 
 bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
   Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
-  std::vector<Lane*> up;
+  std::vector<int> up;  // rails that take over: the lanes still up, else the TCP rail
   for (Lane* other : peer.lanes) {
-    if (!other->failed) up.push_back(other);
+    if (!other->failed) up.push_back(other->rail);
+  }
+  if (up.empty() && peer.tcp_rail >= 0 && peer.scheduler->up(peer.tcp_rail)) {
+    up.push_back(peer.tcp_rail);
   }
   if (up.empty()) return false;
   RS_LOG_WARN("rank {}: {}; its traffic moves to the other {} rail(s) to rank {}", options_.rank,
@@ -267,8 +270,8 @@ bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
   size_t next = 0;
   std::vector<std::shared_ptr<SendOp>> touched;
   auto reassign = [&](const std::shared_ptr<SendOp>& op, SendOp::Chunk chunk) {
-    Lane* target = up[next++ % up.size()];
-    op->per_rail[static_cast<size_t>(target->rail)].push_back(chunk);
+    const int target = up[next++ % up.size()];
+    op->per_rail[static_cast<size_t>(target)].push_back(chunk);
     ++op->unposted;
     touched.push_back(op);
   };
@@ -353,8 +356,12 @@ void IbverbsTransport::wait(const RequestPtr& request, Deadline deadline) {
     return;
   }
   if (request->done()) return;
+  // A send striped over TCP too: its RDMA part may finish first; wait() does the rest.
+  auto* send =
+      request->kind() == Request::Kind::kSend ? static_cast<SendOp*>(request.get()) : nullptr;
+  auto rdmaDone = [&] { return send != nullptr && send->rdma_finished.load(); };
   const Clock::time_point spin_start = Clock::now();
-  for (uint32_t i = 1; !poisoned_.load(); ++i) {
+  for (uint32_t i = 1; !poisoned_.load() && !rdmaDone(); ++i) {
     if (request->done()) return;
     if ((i & 63u) == 0) {
       const auto spent = Clock::now() - spin_start;
@@ -364,12 +371,17 @@ void IbverbsTransport::wait(const RequestPtr& request, Deadline deadline) {
   }
   {
     std::unique_lock<std::mutex> lock(state_mutex_);
-    state_changed_.wait_until(lock, deadline, [&] { return request->done() || poisoned_.load(); });
+    state_changed_.wait_until(lock, deadline,
+                              [&] { return request->done() || poisoned_.load() || rdmaDone(); });
   }
   // Complete means every byte arrived before any failure: a piece is never counted after
   // poisoned_ is set.
   if (request->done()) return;
   if (poisoned_.load()) rethrowPoisoned();
+  if (rdmaDone()) {
+    finishTcpParts(request, *send, deadline);
+    return;
+  }
   std::ostringstream message;
   const bool is_send = request->kind() == Request::Kind::kSend;
   message << "rank " << options_.rank << ": " << describe(request->tag()) << " timed out waiting "
@@ -403,6 +415,19 @@ std::vector<RailStatus> IbverbsTransport::rails() const {
           status.down_reason = peer->scheduler->downReason(lane->rail);
           if (status.down_reason.empty()) status.down_reason = "queue pair in error";
         }
+        result.push_back(status);
+      }
+      if (peer->tcp_rail >= 0) {
+        RailStatus status;
+        status.peer = peer->rank;
+        status.name = "tcp";
+        status.local = "tcp";
+        status.remote = "rank " + std::to_string(peer->rank);
+        status.up = peer->scheduler->up(peer->tcp_rail);
+        status.gbps = peer->scheduler->gbps(peer->tcp_rail);
+        status.fraction = status.up ? peer->scheduler->fraction(peer->tcp_rail) : 0;
+        status.bytes_sent = tcp_link_->pieceBytesSent(peer->rank);
+        status.down_reason = peer->scheduler->downReason(peer->tcp_rail);
         result.push_back(status);
       }
     }

@@ -35,6 +35,9 @@ struct PieceInfo {
   uint64_t total = 0;  // bytes of the whole message
   uint64_t offset = 0;
   uint64_t length = 0;
+  // Sent again after the link it first went on failed: it may have landed already
+  // (Pieces::kWhole), so from now on duplicates are dropped (allowDuplicates()).
+  bool resend = false;
 };
 
 // One message being received from the peer: a posted receive, or one whose first piece came
@@ -101,6 +104,10 @@ class MessageBook {
   // carried of one before it broke). Returns the entry when that completed a posted receive:
   // the caller copies `staged` into `user` when `staging`, then completes `request`.
   IncomingPtr landed(uint64_t message, Incoming& entry, uint64_t bytes);
+
+  // A piece (Pieces::kWhole) that arrived but landed nothing, because the link carrying it
+  // broke: it will come again at the same offset on another link, and is no duplicate then.
+  void withdraw(Incoming& entry, uint64_t offset) { entry.offsets.erase(offset); }
 
   // From now on a piece may arrive twice (a link failed after the piece landed but before it
   // was acknowledged, and it was re-sent on another): duplicates are dropped instead of being

@@ -15,6 +15,11 @@ void validateFrameHeader(const FrameHeader& header) {
   }
   switch (static_cast<FrameKind>(header.kind)) {
     case FrameKind::kData:
+    case FrameKind::kPiece:
+      if (header.kind == static_cast<uint8_t>(FrameKind::kPiece) &&
+          header.error_kind > kPieceResent) {
+        throw ProtocolError("piece frame with flags " + std::to_string(header.error_kind));
+      }
       if (header.offset > header.total_bytes ||
           header.payload_bytes > header.total_bytes - header.offset) {
         throw ProtocolError("data frame [" + std::to_string(header.offset) + ", +" +

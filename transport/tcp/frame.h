@@ -24,6 +24,9 @@ enum class FrameKind : uint8_t {
   kRailDown = 5,  // connection `message` is out; `offset` = its stream bytes the sender of
                   // this frame consumed (the peer re-sends everything after that)
   kPing = 6,      // asks for an ack (proof that this connection and the peer are alive)
+  kPiece = 7,     // as kData, but a piece of another layer's message (messaging::PieceLink):
+                  // `message` is that layer's number, the payload goes where it says, and
+                  // error_kind is kPieceResent for a piece re-sent after a link failed
 };
 
 // Precedes every frame on a data connection. Fixed size, host byte order (all ranks of a job
@@ -44,6 +47,16 @@ struct FrameHeader {
   MessageTag tag;
 };
 static_assert(sizeof(FrameHeader) == 72, "FrameHeader is part of the wire format");
+
+// kPiece's error_kind: the piece was sent again (messaging::PieceInfo::resend).
+constexpr uint8_t kPieceResent = 1;
+
+// A frame with part of a message from user memory, of this transport's own messages (kData)
+// or of another layer's (kPiece): kept, re-sent, stolen and detached alike.
+inline bool isDataFrame(const FrameHeader& header) {
+  return header.kind == static_cast<uint8_t>(FrameKind::kData) ||
+         header.kind == static_cast<uint8_t>(FrameKind::kPiece);
+}
 
 // Checks magic, kind and size limits before anything is allocated or written; ProtocolError
 // with the reason otherwise.

@@ -168,23 +168,34 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
   if (peer_rank < 0 || peer_rank >= options_.size || peer_rank == options_.rank) {
     throw InvalidArgument("isend: bad peer rank " + std::to_string(peer_rank));
   }
+  std::shared_ptr<SendOp> op = post(peer_rank, FrameKind::kData, std::nullopt,
+                                    messaging::PieceInfo{0, tag, bytes, 0, bytes}, data);
+  if (!op) rethrowAfterQuiesce();
+  return op;
+}
+
+std::shared_ptr<TcpTransport::SendOp> TcpTransport::post(int peer_rank, FrameKind kind,
+                                                         std::optional<uint64_t> message,
+                                                         const messaging::PieceInfo& what,
+                                                         const void* data) {
   Peer& peer = *peers_[static_cast<size_t>(peer_rank)];
-  auto op = std::make_shared<SendOp>(peer_rank, bytes, tag);
+  auto op = std::make_shared<SendOp>(peer_rank, what.length, what.tag);
   std::string lost_reason;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (peer.lost || peer.bye_received) {
       lost_reason = peer.lost ? "the connection is gone" : "it closed its communicator";
     } else {
-      const uint64_t message = peer.book.numberSend();
+      const uint64_t number = message ? *message : peer.book.numberSend();
       auto piece = [&](size_t offset, size_t length) {
         auto segment = std::make_shared<Segment>();
-        segment->header.kind = static_cast<uint8_t>(FrameKind::kData);
+        segment->header.kind = static_cast<uint8_t>(kind);
+        if (kind == FrameKind::kPiece && what.resend) segment->header.error_kind = kPieceResent;
         segment->header.payload_bytes = length;
-        segment->header.message = message;
-        segment->header.offset = offset;
-        segment->header.total_bytes = bytes;
-        segment->header.tag = tag;
+        segment->header.message = number;
+        segment->header.offset = what.offset + offset;
+        segment->header.total_bytes = what.total;
+        segment->header.tag = what.tag;
         segment->data = static_cast<const uint8_t*>(data) + offset;
         segment->parent = op;
         segment->retained = peer.multi();
@@ -193,9 +204,9 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
       if (!peer.multi()) {
         op->outstanding = 1;
         op->unwritten = 1;
-        queueSegmentLocked(peer, *peer.channels[0], piece(0, bytes));
+        queueSegmentLocked(peer, *peer.channels[0], piece(0, what.length));
       } else {
-        std::vector<rails::Piece> pieces = peer.scheduler->split(bytes);
+        std::vector<rails::Piece> pieces = peer.scheduler->split(what.length);
         op->outstanding = static_cast<int>(pieces.size());
         op->unwritten = op->outstanding;
         for (const auto& p : pieces) {
@@ -203,14 +214,15 @@ RequestPtr TcpTransport::isend(int peer_rank, const void* data, size_t bytes,
                              piece(p.offset, p.length));
         }
       }
+      if (kind == FrameKind::kPiece) peer.piece_bytes_sent += what.length;
     }
   }
   if (!lost_reason.empty()) {
     fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
-                                             ": cannot send " + describe(tag) + " to " +
+                                             ": cannot send " + describe(what.tag) + " to " +
                                              peerName(peer_rank) + ": " + lost_reason),
          true);
-    rethrowAfterQuiesce();
+    return nullptr;
   }
   return op;
 }
@@ -359,7 +371,7 @@ void TcpTransport::markBusyLocked(Channel& channel) {
 void TcpTransport::queueSegmentLocked(Peer& peer, Channel& channel,
                                       std::shared_ptr<Segment> segment) {
   const bool was_empty = channel.sends.empty();
-  if (segment->header.kind == static_cast<uint8_t>(FrameKind::kData)) {
+  if (isDataFrame(segment->header)) {
     channel.payload_sent += segment->header.payload_bytes;
     markBusyLocked(channel);
   }
@@ -451,7 +463,7 @@ bool TcpTransport::writeQueuedLocked(Peer& peer, Channel& channel) {
 
 void TcpTransport::onSegmentWrittenLocked(Peer& peer, Channel& channel,
                                           std::shared_ptr<Segment> segment) {
-  if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) return;
+  if (!isDataFrame(segment->header)) return;
   if (segment->trace_begin_ns != 0) traceRailLocked(peer, channel, *segment);
   std::shared_ptr<SendOp> parent = segment->parent;
   if (parent) --parent->unwritten;

@@ -14,6 +14,7 @@
 #include "core/base/config.h"
 #include "core/base/store.h"
 #include "transport/messaging/current_collective.h"
+#include "transport/messaging/piece_link.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
@@ -44,7 +45,7 @@ struct RailSpec {
 // the peer says it has consumed it. A connection that errors or stalls is taken out, both
 // ranks exchange how much of it each consumed, and everything after that is re-sent on the
 // others; the connecting rank then reconnects it in the background and it is re-admitted.
-class TcpTransport : public Transport {
+class TcpTransport : public Transport, public messaging::PieceLink {
  public:
   struct Options {
     int rank = 0;
@@ -92,6 +93,13 @@ class TcpTransport : public Transport {
   }
   void setTraceRank(int world_rank) override { trace_rank_.store(world_rank); }
 
+  // messaging::PieceLink (tcp_transport_pieces.cc): another layer's pieces over these
+  // connections, in kPiece frames that take the same path as this transport's own data.
+  void setPieceSink(messaging::PieceSink* sink) override;
+  RequestPtr sendPiece(int peer, const messaging::PieceInfo& piece, const void* data) override;
+  double pieceGbps(int peer) const override;
+  uint64_t pieceBytesSent(int peer) const override;
+
   // Tests: breaks connection `channel` to `peer` as a failing NIC would (shutdown of the
   // socket), so that the failover path runs without root.
   void breakConnectionForTesting(int peer, int channel);
@@ -124,7 +132,12 @@ class TcpTransport : public Transport {
                   const std::string& remote);
   void registerChannel(Peer& peer, Channel& channel);
   void sizeSendBufferLocked(Peer& peer, Channel& channel);
-  // tcp_transport.cc: progress and writing
+  // tcp_transport.cc: posting, progress and writing
+  // Queues a message (kData: this transport's, numbered by its book) or another layer's
+  // piece (kPiece: `message` given) over the peer's connections. Null when the peer is lost
+  // (the transport is then failed).
+  std::shared_ptr<SendOp> post(int peer, FrameKind kind, std::optional<uint64_t> message,
+                               const messaging::PieceInfo& what, const void* data);
   void progressLoop();
   void handleWritable(Peer& peer, Channel& channel);
   // Writes queued frames until the socket would block; caller holds peer.mutex.
@@ -151,6 +164,9 @@ class TcpTransport : public Transport {
   void onPayloadComplete(Peer& peer, Channel& channel);
   void onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64_t peer_clock_ns);
   void maybeAck(Peer& peer, Channel& channel);
+  // tcp_transport_pieces.cc: a kPiece header (false: the transport failed) and its landing.
+  bool onPieceHeader(Peer& peer, Channel& channel);
+  void onPieceLanded(Peer& peer, const messaging::PieceInfo& piece, uint64_t bytes);
   // tcp_transport_rails.cc
   void railDown(Peer& peer, Channel& channel, const std::string& why);
   void onRailDownReport(Peer& peer, int channel, uint64_t consumed, uint16_t generation);
@@ -219,6 +235,8 @@ class TcpTransport : public Transport {
   std::function<void(ErrorKind, const std::string&)> failure_listener_;
   Clock::time_point last_loop_{};  // progress thread only: its previous turn
 
+  std::atomic<messaging::PieceSink*> piece_sink_{nullptr};
+  std::atomic<int> sink_calls_{0};  // calls into piece_sink_ running now
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<int> trace_rank_{-1};  // world rank of this transport's trace events
   std::atomic<uint64_t> bytes_received_{0};

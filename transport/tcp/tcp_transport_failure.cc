@@ -74,7 +74,7 @@ void TcpTransport::detachUserMemory() {
     for (auto& channel : peer->channels) {
       std::deque<std::shared_ptr<Segment>> kept;
       for (auto& segment : channel->sends) {
-        const bool data = segment->header.kind == static_cast<uint8_t>(FrameKind::kData);
+        const bool data = isDataFrame(segment->header);
         if (segment->written > 0) {
           if (data && segment->owned.empty()) {
             // Half on the wire: finish it from a copy so the peer's parser stays in step.

@@ -129,7 +129,8 @@ struct TcpTransport::Channel {
   bool in_payload = false;
   uint8_t* target = nullptr;
   size_t payload_got = 0;
-  messaging::IncomingPtr target_in;  // the message the payload belongs to
+  messaging::IncomingPtr target_in;  // the message the payload belongs to (kData)
+  messaging::PieceInfo piece;        // the other layer's piece being read (kPiece)
   std::string abort_text;
   uint64_t consumed = 0;     // stream bytes read
   uint64_t ack_sent = 0;     // `consumed` in our last ack
@@ -167,6 +168,7 @@ struct TcpTransport::Peer {
   std::mutex mutex;  // guards everything below and the channels' shared state
   std::unique_ptr<rails::RailScheduler> scheduler;  // several channels only
   messaging::MessageBook book{-1, -1, nullptr};     // numbering, matching, staging, checks
+  uint64_t piece_bytes_sent = 0;                    // of kPiece frames (PieceLink)
   bool bye_received = false;
   uint64_t bye_messages = 0;  // messages the peer sent before its goodbye
   bool lost = false;          // no connection left

@@ -54,6 +54,9 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
   std::string summary;
   bool every_rail_down = false;
   uint64_t resent = 0;
+  // Another layer's piece cut short: what landed of it is reported once the lock is released
+  // (its sink takes its own lock, which is held around sendPiece calls into this transport).
+  std::optional<std::pair<messaging::PieceInfo, uint64_t>> partial_piece;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (!channel.up) return;
@@ -68,8 +71,11 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
     // How much of the peer's stream on it we consumed. Inside a data payload the bytes read
     // are in place: count them for the message, and the peer re-sends from there.
     uint64_t consumed = channel.consumed;
-    if (channel.in_payload && channel.header.kind == static_cast<uint8_t>(FrameKind::kData) &&
-        channel.target_in) {
+    if (channel.in_payload && channel.header.kind == static_cast<uint8_t>(FrameKind::kPiece) &&
+        channel.target != nullptr) {
+      partial_piece.emplace(channel.piece, channel.payload_got);
+    } else if (channel.in_payload &&
+               channel.header.kind == static_cast<uint8_t>(FrameKind::kData) && channel.target_in) {
       // Not the whole piece, so it cannot complete the message: the rest is re-sent.
       peer.book.landed(channel.header.message, *channel.target_in, channel.payload_got);
     } else if (channel.in_payload) {
@@ -89,7 +95,7 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
     // those never started go to the other rails now.
     std::vector<std::shared_ptr<Segment>> unstarted;
     for (auto& segment : channel.sends) {
-      if (segment->header.kind != static_cast<uint8_t>(FrameKind::kData)) continue;
+      if (!isDataFrame(segment->header)) continue;
       if (segment->written > 0) {
         channel.unacked.push_back(segment);
       } else {
@@ -110,6 +116,9 @@ void TcpTransport::railDown(Peer& peer, Channel& channel, const std::string& why
       sendRailReportsLocked(peer);
       summary = railsSummaryLocked(peer);
     }
+  }
+  if (partial_piece) {
+    onPieceLanded(peer, partial_piece->first, partial_piece->second);
   }
   if (every_rail_down) {
     fail(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
@@ -220,7 +229,7 @@ bool TcpTransport::stealForLocked(Peer& peer, Channel& idle) {
     if (channel.get() == &idle || !channel->up) continue;
     uint64_t bytes = 0;
     for (const auto& segment : channel->sends) {
-      if (segment->written == 0 && segment->header.kind == static_cast<uint8_t>(FrameKind::kData)) {
+      if (segment->written == 0 && isDataFrame(segment->header)) {
         bytes += segment->header.payload_bytes;
       }
     }
@@ -240,7 +249,7 @@ bool TcpTransport::stealForLocked(Peer& peer, Channel& idle) {
   std::vector<std::shared_ptr<Segment>> taken;  // from the back, so in reverse order
   while (want > 0 && !donor->sends.empty()) {
     Segment& back = *donor->sends.back();
-    if (back.written > 0 || back.header.kind != static_cast<uint8_t>(FrameKind::kData)) break;
+    if (back.written > 0 || !isDataFrame(back.header)) break;
     const uint64_t length = back.header.payload_bytes;
     if (length <= want) {
       taken.push_back(donor->sends.back());

@@ -155,6 +155,9 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
       channel.abort_text.assign(header.payload_bytes, '\0');
       channel.target = reinterpret_cast<uint8_t*>(channel.abort_text.data());
       break;
+    case FrameKind::kPiece:
+      if (!onPieceHeader(peer, channel)) return;
+      break;
     case FrameKind::kData: {
       std::optional<messaging::Problem> problem;
       {
@@ -206,6 +209,11 @@ void TcpTransport::onPayloadComplete(Peer& peer, Channel& channel) {
     return;
   }
   channel.ack_wanted = true;
+  if (static_cast<FrameKind>(header.kind) == FrameKind::kPiece) {
+    channel.target = nullptr;
+    onPieceLanded(peer, channel.piece, header.payload_bytes);
+    return;
+  }
   messaging::IncomingPtr done;
   {
     std::lock_guard<std::mutex> lock(peer.mutex);

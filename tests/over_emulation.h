@@ -1,0 +1,112 @@
+#pragma once
+
+// What the tests over the in-process libibverbs emulation (tests/fakes/fake_ibverbs.cc) share:
+// its test hooks, an RDMA configuration with small rings, thread ranks, and a fixture that
+// points the transport at the emulation and checks every verbs object is freed.
+// Include only where FAKE_IBVERBS_PATH is defined.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/base/memory_store.h"
+#include "core/communicator.h"
+#include "tests/test_util.h"
+
+namespace railshard {
+
+// The emulation's test hooks (same handle the transport dlopen()s: same path).
+struct FakeHooks {
+  int (*break_qp)(uint32_t, int) = nullptr;
+  uint64_t (*bytes_written)(const char*) = nullptr;
+  int (*live_objects)() = nullptr;
+  FakeHooks() {
+    void* handle = ::dlopen(FAKE_IBVERBS_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return;
+    break_qp = reinterpret_cast<int (*)(uint32_t, int)>(::dlsym(handle, "fake_ibverbs_break_qp"));
+    bytes_written =
+        reinterpret_cast<uint64_t (*)(const char*)>(::dlsym(handle, "fake_ibverbs_bytes_written"));
+    live_objects = reinterpret_cast<int (*)()>(::dlsym(handle, "fake_ibverbs_live_objects"));
+  }
+};
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+inline Config rdmaConfig() {
+  Config config;
+  config.transport = "ibverbs";
+  config.timeout = std::chrono::seconds(60);
+  config.connect_timeout = std::chrono::seconds(30);
+  config.chunk_bytes = 64 * 1024;
+  config.ib_slots = 4;  // small rings: credits run out and wrap many times per collective
+  config.ib_slot_bytes = 8192;
+  return config;
+}
+
+inline std::vector<std::exception_ptr> withRanks(int size, const Config& config,
+                                                 const std::function<void(Communicator&)>& body) {
+  MemoryStore store;
+  return test::runRanks(size, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = size;
+    options.config = config;
+    auto comm = Communicator::create(store, options);
+    body(*comm);
+  });
+}
+
+inline std::string messageOf(const std::exception_ptr& error) {
+  if (!error) return "(no error)";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+class OverEmulation : public ::testing::Test {
+ protected:
+  ScopedEnv library_{"RAILSHARD_IBVERBS_LIBRARY", FAKE_IBVERBS_PATH};
+  ScopedEnv devices_{"FAKE_IBVERBS_DEVICES", "2"};
+  FakeHooks hooks_;
+  void TearDown() override {
+    ASSERT_NE(hooks_.live_objects, nullptr);
+    EXPECT_EQ(hooks_.live_objects(), 0) << "verbs objects left after every communicator closed";
+  }
+};
+
+// Element i of rank r's input; the reference sum is a scalar loop over ranks.
+inline float input(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * 0.5 + (i % 97));
+}
+
+}  // namespace railshard
