@@ -139,12 +139,28 @@ TEST(FrameParser, RejectsBadMagicAndUnknownKinds) {
   FrameHeader header = dataHeader(8, 0, 8);
   header.magic = 0xdeadbeef;
   expectProtocolError([&] { parseFrameHeader(bytesOf(header)); }, "bad frame magic 0xdeadbeef");
-  for (const uint8_t kind : {0, 7, 200, 255}) {
+  for (const uint8_t kind : {0, 8, 200, 255}) {
     header = dataHeader(0, 0, 0);
     header.kind = kind;
     expectProtocolError([&] { parseFrameHeader(bytesOf(header)); },
                         "unknown frame kind " + std::to_string(kind));
   }
+}
+
+// Another layer's pieces (messaging::PieceLink): checked as data frames are, and their one
+// flag (re-sent) is the only value error_kind may take.
+TEST(FrameParser, PieceFramesAreCheckedAsDataAndCarryOnlyTheResentFlag) {
+  FrameHeader header = dataHeader(8, 8, 16);
+  header.kind = static_cast<uint8_t>(FrameKind::kPiece);
+  EXPECT_EQ(parseFrameHeader(bytesOf(header)).offset, 8u);
+  header.error_kind = kPieceResent;
+  EXPECT_EQ(parseFrameHeader(bytesOf(header)).error_kind, kPieceResent);
+  header.error_kind = 2;
+  expectProtocolError([&] { parseFrameHeader(bytesOf(header)); }, "piece frame with flags 2");
+  header = dataHeader(9, 8, 16);
+  header.kind = static_cast<uint8_t>(FrameKind::kPiece);
+  expectProtocolError([&] { parseFrameHeader(bytesOf(header)); },
+                      "data frame [8, +9) outside its message of 16 bytes");
 }
 
 TEST(FrameParser, RejectsDataOutsideItsMessage) {
