@@ -108,24 +108,8 @@ TEST_F(OverEmulation, CollectivesMatchAScalarReferenceAndStripeOverBothHcas) {
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
     ASSERT_EQ(comm.transport().name(), "ibverbs");
     const int rank = comm.rank();
-    for (size_t count : counts) {
-      std::vector<float> data(count);
-      for (size_t i = 0; i < count; ++i) data[i] = input(rank, i);
-      comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
-      for (size_t i = 0; i < count; ++i) {
-        float expected = 0;
-        for (int r = 0; r < kSize; ++r) expected += input(r, i);
-        ASSERT_NEAR(data[i], expected, 1e-3) << "allreduce count " << count << " element " << i;
-      }
-    }
-    std::vector<int64_t> root_data(300000);
-    for (size_t i = 0; i < root_data.size(); ++i) {
-      root_data[i] = rank == 1 ? static_cast<int64_t>(i * 3 + 1) : -1;
-    }
-    comm.broadcast(root_data.data(), root_data.size(), DataType::kInt64, 1);
-    for (size_t i = 0; i < root_data.size(); ++i) {
-      ASSERT_EQ(root_data[i], static_cast<int64_t>(i * 3 + 1)) << "broadcast element " << i;
-    }
+    checkAllreducesAndBroadcast(comm, counts, 1);
+    if (::testing::Test::HasFatalFailure()) return;
     const size_t per_rank = 40000;
     std::vector<int32_t> mine(per_rank), all(per_rank * kSize);
     for (size_t i = 0; i < per_rank; ++i) mine[i] = rank * 1000000 + static_cast<int32_t>(i);
@@ -181,16 +165,7 @@ TEST_F(OverEmulation, MismatchedOpsRaiseMismatchErrorOnEveryRank) {
     comm.allreduce(data.data(), data.size(), DataType::kFloat32,
                    comm.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);
   });
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(errors[r]) << "rank " << r << " finished a mismatched all-reduce";
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const MismatchError& e) {
-      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
+  expectMismatchOnEveryRank(errors);
 }
 
 TEST_F(OverEmulation, TraceRecordsEveryRdmaPieceOnItsLaneTrack) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/error.h"
 #include "core/base/memory_store.h"
 #include "core/communicator.h"
 #include "tests/test_util.h"
@@ -107,6 +108,45 @@ class OverEmulation : public ::testing::Test {
 // Element i of rank r's input; the reference sum is a scalar loop over ranks.
 inline float input(int rank, size_t i) {
   return static_cast<float>((rank + 1) * 0.5 + (i % 97));
+}
+
+// On every rank of `comm`: all-reduces of each count and a 300,000-element broadcast from
+// `root`, each compared with a scalar loop over the ranks' inputs.
+inline void checkAllreducesAndBroadcast(Communicator& comm, const std::vector<size_t>& counts,
+                                        int root) {
+  const int rank = comm.rank();
+  for (size_t count : counts) {
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = input(rank, i);
+    comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (int r = 0; r < comm.size(); ++r) expected += input(r, i);
+      ASSERT_NEAR(data[i], expected, 1e-3) << "allreduce count " << count << " element " << i;
+    }
+  }
+  std::vector<int64_t> root_data(300000);
+  for (size_t i = 0; i < root_data.size(); ++i) {
+    root_data[i] = rank == root ? static_cast<int64_t>(i * 3 + root) : -1;
+  }
+  comm.broadcast(root_data.data(), root_data.size(), DataType::kInt64, root);
+  for (size_t i = 0; i < root_data.size(); ++i) {
+    ASSERT_EQ(root_data[i], static_cast<int64_t>(i * 3 + root)) << "broadcast element " << i;
+  }
+}
+
+// Every rank's error is a MismatchError naming the all-reduce.
+inline void expectMismatchOnEveryRank(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " finished a mismatched all-reduce";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const MismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": not a MismatchError: " << e.what();
+    }
+  }
 }
 
 }  // namespace railshard

@@ -43,24 +43,8 @@ TEST_F(StripedOverTcpToo, CollectivesMatchAScalarReferenceWithBytesOnEveryRailOf
   test::rethrowFirst(withRanks(kSize, stripedConfig(), [&](Communicator& comm) {
     ASSERT_EQ(comm.transport().name(), "ibverbs");
     const int rank = comm.rank();
-    for (size_t count : counts) {
-      std::vector<float> data(count);
-      for (size_t i = 0; i < count; ++i) data[i] = input(rank, i);
-      comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
-      for (size_t i = 0; i < count; ++i) {
-        float expected = 0;
-        for (int r = 0; r < kSize; ++r) expected += input(r, i);
-        ASSERT_NEAR(data[i], expected, 1e-3) << "allreduce count " << count << " element " << i;
-      }
-    }
-    std::vector<int64_t> root_data(300000);
-    for (size_t i = 0; i < root_data.size(); ++i) {
-      root_data[i] = rank == 2 ? static_cast<int64_t>(i * 5 + 3) : -1;
-    }
-    comm.broadcast(root_data.data(), root_data.size(), DataType::kInt64, 2);
-    for (size_t i = 0; i < root_data.size(); ++i) {
-      ASSERT_EQ(root_data[i], static_cast<int64_t>(i * 5 + 3)) << "broadcast element " << i;
-    }
+    checkAllreducesAndBroadcast(comm, counts, 2);
+    if (::testing::Test::HasFatalFailure()) return;
     comm.barrier();
     // Per peer: both lanes and the TCP rail, all up, each with a third of a large message.
     std::map<int, int> rails_per_peer;
@@ -138,16 +122,7 @@ TEST_F(StripedOverTcpToo, AMismatchOverTheTcpRailIsMismatchErrorOnEveryRank) {
     comm.allreduce(data.data(), data.size(), DataType::kFloat32,
                    comm.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);
   });
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(errors[r]) << "rank " << r << " finished a mismatched all-reduce";
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const MismatchError& e) {
-      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": not a MismatchError: " << e.what();
-    }
-  }
+  expectMismatchOnEveryRank(errors);
 }
 
 TEST_F(StripedOverTcpToo, WhenEveryLaneFailsTcpCarriesEverythingAndResultsStayExact) {
