@@ -43,8 +43,8 @@ class RailshardBackend : public PerfBackend {
                                                              : "tcp";
     return std::string("railshard over ") + over +
            (layout != nullptr && layout->hostCount() > 1 ? ", " + layout->describe() : "") +
-           " (RAILSHARD_TRANSPORT=" + comm_->config().transport + "), " +
-           std::to_string(comm_->size()) + " ranks, chunk " +
+           " (RAILSHARD_TRANSPORT=" + std::string(railshard::name(comm_->config().transport)) +
+           "), " + std::to_string(comm_->size()) + " ranks, chunk " +
            std::to_string(comm_->config().chunk_bytes) + " bytes" +
            (device_ >= 0 ? ", device buffers on cuda:" + std::to_string(device_) : "");
   }

@@ -65,8 +65,8 @@ transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& o
   ib.connect_timeout = config.connect_timeout;
   ib.spin = std::chrono::duration_cast<Duration>(config.spin);
   ib.formatter = tagFormatter();
-  ib.mode = config.transport == "ibverbs" ? transport::ibverbs::Mode::kForced
-                                          : transport::ibverbs::Mode::kAuto;
+  ib.mode = config.transport == TransportKind::kIbverbs ? transport::ibverbs::Mode::kForced
+                                                        : transport::ibverbs::Mode::kAuto;
   ib.hca = config.ib_hca;
   ib.gid_index = config.ib_gid_index;
   ib.ib_timeout = config.ib_timeout;
@@ -120,7 +120,8 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
   std::unique_ptr<transport::Transport> transport =
       transport::tcp::TcpTransport::create(store, std::move(tcp));
-  if (options.config.transport == "auto" || options.config.transport == "ibverbs") {
+  if (options.config.transport == TransportKind::kAuto ||
+      options.config.transport == TransportKind::kIbverbs) {
     // RDMA in front of TCP between hosts that have it (every pair when forced); TCP stays
     // underneath for heartbeats, failure reports and the other pairs.
     transport =

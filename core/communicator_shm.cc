@@ -73,8 +73,10 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   layout_ = std::make_unique<collectives::HostLayout>(collectives::HostLayout::fromKeys(keys));
   network_ = networkBetweenHosts(topology_.get(), *layout_, rank_);
   RS_LOG_DEBUG("rank {}: {}", rank_, layout_->describe());
-  if (config_.transport == "tcp" || config_.transport == "ibverbs") return;
-  if (layout_->hostCount() > 1 && config_.transport == "shm") {
+  if (config_.transport == TransportKind::kTcp || config_.transport == TransportKind::kIbverbs) {
+    return;
+  }
+  if (layout_->hostCount() > 1 && config_.transport == TransportKind::kShm) {
     throw ConfigError(
         "RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
         "not share /dev/shm): " +
@@ -128,7 +130,7 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       segment = transport::shm::ShmSegment::create(name, local_size, slot);
       published = name + "|" + std::to_string(slot);
     } catch (const Error& e) {
-      if (config_.transport == "shm") throw;
+      if (config_.transport == TransportKind::kShm) throw;
       RS_LOG_WARN("shared memory unavailable, using tcp: {}", e.what());
     }
     store.setString(key("name", leader), published, timeout);
@@ -138,7 +140,7 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       const auto bar = published.find('|');
       const size_t slot = std::stoull(published.substr(bar + 1));
       segment = transport::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
-    } else if (config_.transport == "shm") {
+    } else if (config_.transport == TransportKind::kShm) {
       throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank " + std::to_string(leader) +
                         " could not create the shared memory segment (see its log)");
     }

@@ -42,7 +42,7 @@ TEST(CommunicatorMetrics, CollectivesBytesRailsAndErrorsAreCountedPerRank) {
     Communicator::Options options;
     options.rank = rank;
     options.size = 2;
-    options.config.transport = "tcp";
+    options.config.transport = TransportKind::kTcp;
     options.config.timeout = std::chrono::seconds(30);
     options.config.metrics_path = path;
     options.config.metrics_interval = std::chrono::milliseconds(50);

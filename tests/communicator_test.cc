@@ -73,7 +73,8 @@ TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
       },
       [&](int, Config& config) {
         config.algorithm = algorithm;
-        config.transport = algorithm.rfind("shm", 0) == 0 ? "shm" : "tcp";
+        config.transport =
+            algorithm.rfind("shm", 0) == 0 ? TransportKind::kShm : TransportKind::kTcp;
         config.shm_slot_bytes = 256 * 1024;  // several pieces at the largest count
       });
   test::rethrowFirst(errors);
@@ -95,7 +96,7 @@ class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::st
   std::function<void(int, Config&)> transport() const {
     const std::string name = std::get<1>(GetParam());
     return [name](int, Config& config) {
-      config.transport = name;
+      config.transport = transportKindFrom(name);
       config.shm_slot_bytes = 128 * 1024;
     };
   }
@@ -191,7 +192,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
       std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
     const std::string name = GetParam();
     return [name, timeout](int, Config& config) {
-      config.transport = name;
+      config.transport = transportKindFrom(name);
       config.timeout = timeout;
     };
   }

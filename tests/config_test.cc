@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/base/config.h"
@@ -48,6 +49,27 @@ TEST(Config, BadValuesNameTheVariableAndValue) {
     EXPECT_NE(message.find(key), std::string::npos) << message;
     EXPECT_NE(message.find(value), std::string::npos) << message;
   }
+}
+
+// RAILSHARD_TRANSPORT and RAILSHARD_RAIL_WEIGHTS arrive as enums, and each name round-trips.
+TEST(Config, TransportAndRailWeightsAreTypedAndTheirNamesRoundTrip) {
+  const std::map<std::string, std::string> env = {{"RAILSHARD_TRANSPORT", "ibverbs"},
+                                                  {"RAILSHARD_RAIL_WEIGHTS", "equal"}};
+  const Config config = Config::fromEnvironment(&env);
+  EXPECT_EQ(config.transport, TransportKind::kIbverbs);
+  EXPECT_EQ(config.rail_weights, RailWeights::kEqual);
+  EXPECT_EQ(Config().transport, TransportKind::kAuto);
+  EXPECT_EQ(Config().rail_weights, RailWeights::kAdaptive);
+  for (auto kind :
+       {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm, TransportKind::kIbverbs}) {
+    EXPECT_EQ(transportKindFrom(std::string(name(kind))), kind) << name(kind);
+  }
+  for (auto weights : {RailWeights::kAdaptive, RailWeights::kStatic, RailWeights::kEqual}) {
+    EXPECT_EQ(railWeightsFrom(std::string(name(weights))), weights) << name(weights);
+  }
+  EXPECT_EQ(name(TransportKind::kShm), "shm");
+  EXPECT_EQ(name(RailWeights::kStatic), "static");
+  EXPECT_THROW(transportKindFrom("Tcp"), ConfigError);  // names are exact
 }
 
 // docs/configuration.md documents every variable of the table, so the two cannot drift.

@@ -710,7 +710,7 @@ std::vector<std::unique_ptr<Communicator>> makeWorld(
     options.rank = rank;
     options.size = size;
     options.config.token = "dispatch-test";
-    options.config.transport = "tcp";
+    options.config.transport = TransportKind::kTcp;
     options.config.timeout = std::chrono::seconds(30);
     options.topology = graph;
     comms[static_cast<size_t>(rank)] = Communicator::create(store, options);

@@ -67,7 +67,7 @@ TEST(IbverbsTransport, MissingLibraryIsAConfigErrorAndAutoFallsBackToTcp) {
     EXPECT_NE(what.find("cannot load /nonexistent/libibverbs.so.1"), std::string::npos) << what;
   }
   Config automatic = rdmaConfig();
-  automatic.transport = "auto";
+  automatic.transport = TransportKind::kAuto;
   std::vector<float> results(2);
   test::rethrowFirst(withRanks(2, automatic, [&](Communicator& comm) {
     float value = static_cast<float>(comm.rank() + 1);
@@ -103,7 +103,7 @@ TEST_F(OverEmulation, CollectivesMatchAScalarReferenceAndStripeOverBothHcas) {
   // Static weights: both emulated HCAs say 100 Gbit/s, so a striped message is split evenly
   // (adaptive weights would follow the emulation's memcpy timings).
   Config config = rdmaConfig();
-  config.rail_weights = "static";
+  config.rail_weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;  // pieces above the scheduler's 64 KiB small-message limit
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
     ASSERT_EQ(comm.transport().name(), "ibverbs");
@@ -139,7 +139,7 @@ TEST_F(OverEmulation, RandomSizesOverTheSmallestRingsStayExact) {
   Config config = rdmaConfig();
   config.ib_slots = 2;
   config.ib_slot_bytes = 4096;
-  config.rail_weights = "equal";
+  config.rail_weights = RailWeights::kEqual;
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
     std::mt19937 sizes(1234);  // the same sequence on every rank
     for (int iteration = 0; iteration < 60; ++iteration) {
@@ -173,7 +173,7 @@ TEST_F(OverEmulation, TraceRecordsEveryRdmaPieceOnItsLaneTrack) {
   const std::string dir = test::tempPath("ibverbs_trace");
   std::filesystem::remove_all(dir);
   Config config = rdmaConfig();
-  config.rail_weights = "static";
+  config.rail_weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;
   config.trace_dir = dir;
   std::vector<uint64_t> sent(kSize);
@@ -224,7 +224,7 @@ void breakFirstQueuePair(const FakeHooks& hooks) {
 TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
   constexpr int kSize = 2;
   Config config = rdmaConfig();
-  config.rail_weights = "static";
+  config.rail_weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;  // striped over both rails
   std::vector<std::string> down(kSize);
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {

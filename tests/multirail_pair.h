@@ -56,8 +56,8 @@ struct Pair {
 // Two ranks joined by `rails` rails (127.0.0.1, 127.0.0.2, ...), created in parallel,
 // rendezvousing through `store`.
 inline void connectPairThrough(MemoryStore& store, Pair& pair, int rails,
-                               const std::string& weights = "adaptive", int sockets = 1,
-                               const std::vector<double>& gbps = {}) {
+                               railshard::RailWeights weights = railshard::RailWeights::kAdaptive,
+                               int sockets = 1, const std::vector<double>& gbps = {}) {
   railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
     TcpTransport::Options options;
     options.rank = rank;
@@ -80,7 +80,8 @@ inline void connectPairThrough(MemoryStore& store, Pair& pair, int rails,
   }));
 }
 
-inline void connectPair(Pair& pair, int rails, const std::string& weights = "adaptive",
+inline void connectPair(Pair& pair, int rails,
+                        railshard::RailWeights weights = railshard::RailWeights::kAdaptive,
                         int sockets = 1, const std::vector<double>& gbps = {}) {
   MemoryStore store;
   connectPairThrough(store, pair, rails, weights, sockets, gbps);

@@ -47,7 +47,7 @@ using ::testing::HasSubstr;
 
 TEST(MultiRail, OneConnectionPerRailEachNamedAndUp) {
   Pair pair;
-  connectPair(pair, 2, "adaptive", 2);
+  connectPair(pair, 2, railshard::RailWeights::kAdaptive, 2);
   const auto rails = railsTo(*pair.t[0], 1);
   ASSERT_EQ(rails.size(), 4u);  // 2 rails x 2 sockets
   EXPECT_EQ(rails[0].name, "lo0#0");
@@ -145,7 +145,7 @@ TEST(MultiRail, StripedMessagesArriveExactlyWhateverTheSplit) {
 
 TEST(MultiRail, EqualWeightsSplitLargeMessagesEvenly) {
   Pair pair;
-  connectPair(pair, 2, "equal");
+  connectPair(pair, 2, railshard::RailWeights::kEqual);
   const size_t bytes = 16 << 20;
   auto data = pattern(bytes, 7);
   std::vector<uint8_t> got(bytes);
@@ -162,7 +162,7 @@ TEST(MultiRail, EqualWeightsSplitLargeMessagesEvenly) {
 
 TEST(MultiRail, StaticWeightsSplitByTheGraphsSpeedsAndStayThere) {
   Pair pair;
-  connectPair(pair, 2, "static", 1, {10, 30});
+  connectPair(pair, 2, railshard::RailWeights::kStatic, 1, {10, 30});
   const size_t bytes = 16 << 20;
   auto data = pattern(bytes, 11);
   std::vector<uint8_t> got(bytes);

@@ -63,7 +63,7 @@ class ScopedEnv {
 
 inline Config rdmaConfig() {
   Config config;
-  config.transport = "ibverbs";
+  config.transport = TransportKind::kIbverbs;
   config.timeout = std::chrono::seconds(60);
   config.connect_timeout = std::chrono::seconds(30);
   config.chunk_bytes = 64 * 1024;

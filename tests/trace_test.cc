@@ -39,7 +39,7 @@ Config traceConfig(const std::string& dir) {
   config.timeout = std::chrono::seconds(60);
   config.connect_timeout = std::chrono::seconds(30);
   config.chunk_bytes = 64 * 1024;
-  config.transport = "tcp";
+  config.transport = TransportKind::kTcp;
   config.trace_dir = dir;
   config.trace_events = 1 << 20;
   return config;

@@ -327,7 +327,7 @@ TEST(TwoLevel, ForcedWithoutSeveralRanksPerHostIsAConfigError) {
         comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
         if (data[0] != 4.0f) throw std::runtime_error("wrong sum");
       },
-      [](int, Config& config) { config.transport = "tcp"; });
+      [](int, Config& config) { config.transport = TransportKind::kTcp; });
   test::rethrowFirst(flat);
 }
 

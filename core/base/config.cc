@@ -138,13 +138,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "every pair, same-host ranks included), shm (an error unless "
        "every rank is on one host), or ibverbs (RDMA between every pair, an error naming what "
        "is missing otherwise; docs/rdma.md).",
-       [](Config& c, const std::string& v) {
-         if (v != "auto" && v != "tcp" && v != "shm" && v != "ibverbs") {
-           throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + v +
-                             "' (expected auto, tcp, shm or ibverbs)");
-         }
-         c.transport = v;
-       }},
+       [](Config& c, const std::string& v) { c.transport = transportKindFrom(v); }},
       {"RAILSHARD_NCCL", "auto",
        "Device all-reduces with several ranks per host: auto (NCCL inside each host and railshard "
        "between hosts when every rank can load NCCL and every host has the same number of "
@@ -244,13 +238,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "How messages between two hosts are split over their rails: adaptive (start from the "
        "topology's speeds, re-estimate from every transfer), static (the topology's speeds, "
        "never re-estimated) or equal.",
-       [](Config& c, const std::string& v) {
-         if (v != "adaptive" && v != "static" && v != "equal") {
-           throw ConfigError("RAILSHARD_RAIL_WEIGHTS='" + v +
-                             "' is not one of adaptive, static, equal");
-         }
-         c.rail_weights = v;
-       }},
+       [](Config& c, const std::string& v) { c.rail_weights = railWeightsFrom(v); }},
       {"RAILSHARD_STRIPE_TCP", "0",
        "1: between two hosts that use RDMA, stripe messages over the TCP connections too, "
        "beside the RDMA lanes, by measured rate (a TCP rail on its own NIC adds its "
@@ -332,6 +320,48 @@ const std::vector<Config::Variable>& Config::variables() {
   return table;
 }
 
+std::string_view name(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto:
+      return "auto";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kIbverbs:
+      return "ibverbs";
+  }
+  return "?";
+}
+
+std::string_view name(RailWeights weights) {
+  switch (weights) {
+    case RailWeights::kAdaptive:
+      return "adaptive";
+    case RailWeights::kStatic:
+      return "static";
+    case RailWeights::kEqual:
+      return "equal";
+  }
+  return "?";
+}
+
+TransportKind transportKindFrom(const std::string& text) {
+  for (auto kind :
+       {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm, TransportKind::kIbverbs}) {
+    if (text == name(kind)) return kind;
+  }
+  throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + text +
+                    "' (expected auto, tcp, shm or ibverbs)");
+}
+
+RailWeights railWeightsFrom(const std::string& text) {
+  for (auto weights : {RailWeights::kAdaptive, RailWeights::kStatic, RailWeights::kEqual}) {
+    if (text == name(weights)) return weights;
+  }
+  throw ConfigError("RAILSHARD_RAIL_WEIGHTS='" + text + "' is not one of adaptive, static, equal");
+}
+
 Config Config::fromEnvironment(const std::map<std::string, std::string>* env) {
   std::map<std::string, std::string> process_env;
   if (env == nullptr) {
@@ -355,15 +385,15 @@ std::string Config::describe() const {
   out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
       << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
-      << " chunk_bytes=" << chunk_bytes << " transport=" << transport << " algorithm=" << algorithm
-      << " nccl=" << nccl << " shm_slot_bytes=" << shm_slot_bytes
+      << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
+      << " algorithm=" << algorithm << " nccl=" << nccl << " shm_slot_bytes=" << shm_slot_bytes
       << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
       << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
-      << " rail_weights=" << rail_weights << " stripe_tcp=" << (stripe_tcp ? "1" : "0")
+      << " rail_weights=" << name(rail_weights) << " stripe_tcp=" << (stripe_tcp ? "1" : "0")
       << " sockets_per_rail=" << sockets_per_rail
       << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
       << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events

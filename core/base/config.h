@@ -2,12 +2,26 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace railshard {
+
+// RAILSHARD_TRANSPORT: what carries messages between ranks (docs/configuration.md).
+enum class TransportKind : uint8_t { kAuto, kTcp, kShm, kIbverbs };
+// RAILSHARD_RAIL_WEIGHTS: how a message between two hosts is split over their rails.
+enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
+
+// "auto", "tcp", ...: the names RAILSHARD_TRANSPORT and RAILSHARD_RAIL_WEIGHTS take.
+std::string_view name(TransportKind kind);
+std::string_view name(RailWeights weights);
+// From those names; ConfigError naming the variable, the value and the names it takes.
+TransportKind transportKindFrom(const std::string& text);
+RailWeights railWeightsFrom(const std::string& text);
 
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
 // docs/configuration.md, which a test keeps in sync with variables()).
@@ -19,10 +33,10 @@ struct Config {
   // (a stopped process, a stuck host); 0 disables the heartbeat.
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   size_t chunk_bytes = size_t{1} << 20;
-  std::string token;               // job token; empty only for in-process (thread) communicators
-  std::string store_addr;          // host:port of the rendezvous store
-  bool store_external = false;     // RAILSHARD_STORE_EXTERNAL: no rank hosts the store
-  std::string transport = "auto";  // auto | tcp | shm | ibverbs
+  std::string token;            // job token; empty only for in-process (thread) communicators
+  std::string store_addr;       // host:port of the rendezvous store
+  bool store_external = false;  // RAILSHARD_STORE_EXTERNAL: no rank hosts the store
+  TransportKind transport = TransportKind::kAuto;
   // RDMA (transport/ibverbs, docs/rdma.md)
   std::string ib_hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
   int ib_gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose
@@ -39,8 +53,8 @@ struct Config {
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here
   std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
   bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
-  std::chrono::milliseconds probe_time{200};  // bulk-transfer time per rail in the probe
-  std::string rail_weights = "adaptive";      // RAILSHARD_RAIL_WEIGHTS: adaptive | static | equal
+  std::chrono::milliseconds probe_time{200};          // bulk-transfer time per rail in the probe
+  RailWeights rail_weights = RailWeights::kAdaptive;  // RAILSHARD_RAIL_WEIGHTS
   bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails
   int sockets_per_rail = 1;  // RAILSHARD_SOCKETS_PER_RAIL
   std::chrono::milliseconds rail_timeout{2000};  // RAILSHARD_RAIL_TIMEOUT: stalled rail

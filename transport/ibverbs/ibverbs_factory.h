@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/base/clock.h"
+#include "core/base/config.h"
 #include "core/base/store.h"
 #include "transport/transport.h"
 
@@ -29,7 +30,7 @@ struct FactoryOptions {
   int ib_retry_cnt = 7;           // RAILSHARD_IB_RETRY_CNT
   int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
   size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
-  std::string rail_weights = "adaptive";
+  RailWeights rail_weights = RailWeights::kAdaptive;
   // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
   // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
   bool stripe_tcp = false;

@@ -231,9 +231,11 @@ void IbverbsTransport::connectLanes(Store& store) {
       speeds.push_back(tcp_link_->pieceGbps(peer.rank));
     }
     rails::SchedulerOptions scheduler_options;
-    peer.scheduler.emplace(
-        names, options_.rail_weights == "equal" ? std::vector<double>(speeds.size(), 1.0) : speeds,
-        scheduler_options);
+    peer.scheduler.emplace(names,
+                           options_.rail_weights == RailWeights::kEqual
+                               ? std::vector<double>(speeds.size(), 1.0)
+                               : speeds,
+                           scheduler_options);
   }
   // Queue pairs to INIT with receives posted before anyone can learn their numbers: a write
   // with immediate that finds no receive posted is an RNR error.

@@ -115,7 +115,7 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         lane.last_completion = now;
         if (done.trace_ns != 0 && trace::enabled())
           traceRailLocked(lane, done.bytes, done.trace_ns);
-        if (done.bytes > 0 && now > start && options_.rail_weights == "adaptive") {
+        if (done.bytes > 0 && now > start && options_.rail_weights == RailWeights::kAdaptive) {
           peer.scheduler->record(lane.rail, done.bytes,
                                  std::chrono::duration<double>(now - start).count());
         }

@@ -66,7 +66,8 @@ void IbverbsTransport::finishTcpParts(const RequestPtr& request, SendOp& op, Dea
   const double seconds = std::chrono::duration<double>(Clock::now() - op.posted).count();
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& peer = *peers_[static_cast<size_t>(op.peer())];
-  if (options_.rail_weights == "adaptive" && op.tcp_bytes >= kMinTcpSampleBytes && seconds > 0) {
+  if (options_.rail_weights == RailWeights::kAdaptive && op.tcp_bytes >= kMinTcpSampleBytes &&
+      seconds > 0) {
     // From posting to written (acknowledged, over several TCP rails): the rail's rate as this
     // send saw it, queueing behind the pieces before it included.
     peer.scheduler->record(peer.tcp_rail, op.tcp_bytes, seconds);

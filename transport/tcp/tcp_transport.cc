@@ -31,10 +31,6 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, Options options
   if (options.sockets_per_rail < 1) {
     throw InvalidArgument("tcp transport: sockets_per_rail must be >= 1");
   }
-  if (options.rail_weights != "adaptive" && options.rail_weights != "static" &&
-      options.rail_weights != "equal") {
-    throw InvalidArgument("tcp transport: rail_weights '" + options.rail_weights + "'");
-  }
   std::unique_ptr<TcpTransport> transport(new TcpTransport(std::move(options)));
   transport->peers_.resize(static_cast<size_t>(transport->options_.size));
   transport->epoll_fd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
@@ -409,8 +405,8 @@ void TcpTransport::flushSendsLocked(Peer& peer, Channel& channel) {
   // Written out, then (several rails) take over part of a slower rail's backlog, and again.
   do {
     if (!writeQueuedLocked(peer, channel)) return;
-  } while (peer.multi() && channel.up && options_.rail_weights == "adaptive" && !failed_.load() &&
-           stealForLocked(peer, channel));
+  } while (peer.multi() && channel.up && options_.rail_weights == RailWeights::kAdaptive &&
+           !failed_.load() && stealForLocked(peer, channel));
 }
 
 bool TcpTransport::writeQueuedLocked(Peer& peer, Channel& channel) {

@@ -60,7 +60,7 @@ class TcpTransport : public Transport, public messaging::PieceLink {
     // advertised address). Both ranks of a pair must list the same rails.
     std::vector<std::vector<RailSpec>> peer_rails;
     int sockets_per_rail = 1;
-    std::string rail_weights = "adaptive";  // adaptive | static | equal
+    RailWeights rail_weights = RailWeights::kAdaptive;
     Duration rail_timeout = std::chrono::seconds(2);
     Duration rejoin_interval = std::chrono::seconds(1);  // between reconnection attempts
     // A peer heard nothing from for this long is lost (stopped process, stuck host); the

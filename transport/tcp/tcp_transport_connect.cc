@@ -391,7 +391,7 @@ void TcpTransport::connectMesh(Store& store) {
       names.push_back(channel->name);
       const double rail_gbps =
           channel->rail >= 0 ? rails[static_cast<size_t>(channel->rail)].gbps : 0.0;
-      gbps.push_back(options_.rail_weights == "equal" ? 1.0 : rail_gbps / sockets);
+      gbps.push_back(options_.rail_weights == RailWeights::kEqual ? 1.0 : rail_gbps / sockets);
     }
     peer->scheduler = std::make_unique<rails::RailScheduler>(names, gbps);
     std::string plan;
@@ -401,7 +401,7 @@ void TcpTransport::connectMesh(Store& store) {
               " Gbit/s";
     }
     RS_LOG_INFO("rank {}: {} connections to rank {} ({} weights): {}", rank, peer->channels.size(),
-                peer->rank, options_.rail_weights, plan);
+                peer->rank, railshard::name(options_.rail_weights), plan);
   }
   // Listeners stay open only for rails that may need reconnecting.
   if (!multi_rail_) listeners_.clear();

@@ -240,7 +240,7 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64
     channel.unacked.pop_front();
   }
   const bool idle = channel.sends.empty() && channel.unacked.empty();
-  if (peer.scheduler && options_.rail_weights == "adaptive" && channel.busy) {
+  if (peer.scheduler && options_.rail_weights == RailWeights::kAdaptive && channel.busy) {
     // Bytes delivered between acks while the connection had data to deliver: the rail's
     // rate when loaded, whatever share of the traffic it carries. Timed by the receiver's
     // clock (each ack says when it was sent), from the first ack of a busy period: acks
