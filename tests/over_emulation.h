@@ -135,6 +135,18 @@ inline void checkAllreducesAndBroadcast(Communicator& comm, const std::vector<si
   }
 }
 
+// One 600,000-float all-reduce of iteration `iteration` on a 2-rank `comm`, checked (every 7th
+// element) against the scalar sum.
+inline void checkTwoRankAllreduce(Communicator& comm, int iteration) {
+  std::vector<float> data(600000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = input(comm.rank(), i) + iteration;
+  comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+  for (size_t i = 0; i < data.size(); i += 7) {
+    const float expected = input(0, i) + input(1, i) + 2.0f * iteration;
+    ASSERT_NEAR(data[i], expected, 1e-3) << "iteration " << iteration << " element " << i;
+  }
+}
+
 // Every rank's error is a MismatchError naming the all-reduce.
 inline void expectMismatchOnEveryRank(const std::vector<std::exception_ptr>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) {
