@@ -2,9 +2,9 @@
 
 // Everything a user program needs: railshard::init(), Communicator, DataType, ReduceOp,
 // Config, the error types and trace::flush() (RAILSHARD_TRACE, docs/tracing.md).
-#include "core/base/config.h"
-#include "core/base/error.h"
-#include "core/base/trace.h"
-#include "core/base/types.h"
+#include "base/config.h"
+#include "base/error.h"
+#include "base/trace.h"
+#include "base/types.h"
 #include "core/communicator.h"
 #include "launcher/init.h"

@@ -36,7 +36,7 @@
 #include "benchmarks/perf_options.h"
 #include "benchmarks/perf_progress.h"
 #include "benchmarks/perf_results.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 
 #ifndef RAILSHARD_VERSION_STRING

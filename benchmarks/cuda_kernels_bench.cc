@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/reduce.h"
 

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "benchmarks/dispatch_options.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/policy.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "benchmarks/cli_args.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/dispatch/policy.h"
 
 namespace railshard::bench {

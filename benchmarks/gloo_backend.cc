@@ -35,7 +35,7 @@
 
 #include "benchmarks/gloo_store.h"
 #include "benchmarks/perf_backend.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/reduce.h"
 #include "launcher/init.h"
 

@@ -7,7 +7,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "core/base/store.h"
+#include "base/store.h"
 
 namespace railshard::bench {
 

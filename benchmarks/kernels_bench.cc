@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "kernels/cpu_features.h"
 #include "kernels/reduce.h"
 

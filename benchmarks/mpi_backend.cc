@@ -6,7 +6,7 @@
 #include <string>
 
 #include "benchmarks/perf_backend.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/reduce.h"
 
 // C bindings only: the C++ ones are deprecated and would need libmpi_cxx.

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "benchmarks/perf_backend.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/nccl_api.h"
 #include "kernels/cuda/device_runtime.h"
 #include "launcher/init.h"

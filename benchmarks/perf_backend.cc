@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 
 namespace railshard::bench {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "benchmarks/perf_options.h"
-#include "core/base/types.h"
+#include "base/types.h"
 #include "core/tracing/link_limit.h"
 
 namespace railshard::bench {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace railshard::bench {
 

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace railshard::bench {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "benchmarks/cli_args.h"
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::bench {
 

@@ -26,7 +26,7 @@
 
 #include "benchmarks/cli_args.h"
 #include "benchmarks/perf_options.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/communicator.h"
 #include "launcher/init.h"
 #include "transport/transport.h"

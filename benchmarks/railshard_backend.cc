@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "benchmarks/perf_backend.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/host_layout.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
@@ -67,7 +67,7 @@ class RailshardBackend : public PerfBackend {
   // one host the measured shared-memory copy rate.
   tracing::LinkLimit linkLimit() const override { return comm_->linkLimit(); }
 
-  // Every dtype and op of core/base/types.h is native.
+  // Every dtype and op of base/types.h is native.
   void checkSupported(DataType, ReduceOp) const override {}
 
   void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op) override {

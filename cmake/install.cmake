@@ -8,7 +8,7 @@ install(TARGETS railshard EXPORT railshardTargets
 
 # Headers keep their repository paths under include/railshard, so user code includes them the
 # way the project does ("core/communicator.h"), or everything through "railshard.h".
-foreach(dir core kernels transport launcher)
+foreach(dir base core kernels transport launcher)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/railshard/${dir}
     FILES_MATCHING PATTERN "*.h")
 endforeach()

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/transport.h"
 

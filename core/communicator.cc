@@ -8,9 +8,9 @@
 #include <string>
 #include <thread>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/trace.h"
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/config.h"
-#include "core/base/store.h"
-#include "core/base/types.h"
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/store.h"
+#include "base/types.h"
 #include "core/collectives/link_probe.h"
 #include "core/collectives/tuner.h"
 #include "core/tracing/link_limit.h"

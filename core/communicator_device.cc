@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "core/collective_tag.h"
 #include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/device_staging.h"
@@ -191,7 +191,7 @@ void Communicator::waitForDevice(void* stream, int device, Timeout timeout) {
 HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) {
   if (hierarchical_error_) std::rethrow_exception(hierarchical_error_);
   if (hierarchical_decided_) {
-    if (!hierarchical_ && config_.nccl == "on") {
+    if (!hierarchical_ && config_.nccl == NcclMode::kOn) {
       throw ConfigError("RAILSHARD_NCCL=on, but the two-level all-reduce cannot run: " +
                         hierarchical_why_);
     }
@@ -200,7 +200,7 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
   hierarchical_decided_ = true;
   // Every rank reaches the same decision without talking when it needs no store round: the
   // configuration and the store's presence are the same on every rank.
-  if (config_.nccl == "off") {
+  if (config_.nccl == NcclMode::kOff) {
     hierarchical_why_ = "RAILSHARD_NCCL=off";
   } else if (store_ == nullptr) {
     hierarchical_why_ = "the communicator was created without a store";
@@ -227,7 +227,7 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
   if (hierarchical_) {
     RS_LOG_INFO("rank {}: device all-reduce: {}", rank_, hierarchical_->describe());
   } else {
-    if (config_.nccl == "on") {
+    if (config_.nccl == NcclMode::kOn) {
       throw ConfigError("RAILSHARD_NCCL=on, but the two-level all-reduce cannot run: " +
                         hierarchical_why_);
     }

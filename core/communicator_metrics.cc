@@ -5,7 +5,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/base/metrics.h"
+#include "base/metrics.h"
 #include "core/communicator.h"
 #include "transport/transport.h"
 

@@ -6,8 +6,8 @@
 #include <limits>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "core/collective_tag.h"
 #include "core/collectives/host_layout.h"
 #include "core/collectives/link_probe.h"

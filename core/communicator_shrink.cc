@@ -17,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
 #include "core/progress_publisher.h"

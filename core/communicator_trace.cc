@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/base/logging.h"
-#include "core/base/trace.h"
+#include "base/logging.h"
+#include "base/trace.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
 #include "core/tracing/clock_sync.h"

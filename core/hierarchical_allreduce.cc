@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/reduce.h"
 
@@ -125,7 +125,7 @@ void HierarchicalAllreduce::connect(const Params& params) {
     options.config = params.config;
     // One rank per host: its device all-reduces are staging ones; it must not try (or, with
     // RAILSHARD_NCCL=on, insist on) a two-level plan of its own.
-    options.config.nccl = "off";
+    options.config.nccl = NcclMode::kOff;
     options.key_prefix = params.key_prefix + "/xnode/" + std::to_string(plan_.local_rank);
     options.advertise_host = params.advertise_host;
     options.store = params.store;

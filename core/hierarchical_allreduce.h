@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/store.h"
-#include "core/base/types.h"
+#include "base/config.h"
+#include "base/store.h"
+#include "base/types.h"
 #include "core/collectives/nccl_api.h"
 #include "core/communicator.h"
 #include "core/hierarchy_plan.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard {
 

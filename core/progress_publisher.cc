@@ -1,7 +1,7 @@
 #include "core/progress_publisher.h"
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 
 namespace railshard {
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/store.h"
+#include "base/clock.h"
+#include "base/store.h"
 
 namespace railshard {
 

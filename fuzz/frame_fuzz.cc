@@ -13,7 +13,7 @@
 #include <span>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/tcp/frame.h"
 
 namespace {

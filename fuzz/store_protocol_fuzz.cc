@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/store_protocol.h"
 
 namespace {

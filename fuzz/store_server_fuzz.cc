@@ -20,7 +20,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store_server.h"
 #include "transport/tcp/socket.h"
@@ -36,7 +36,7 @@ constexpr char kToken[] = "fuzz-token";
 TcpStoreServer& server() {
   static std::unique_ptr<TcpStoreServer> instance = [] {
     // Refusals are expected by the thousand; only errors are worth printing.
-    log::configure("error", -1);
+    log::configure(LogLevel::kError, -1);
     TcpStoreServerOptions options;
     options.hello_timeout = std::chrono::seconds(2);
     options.max_data_bytes = 16 << 20;  // reachable by the fuzzer, bounded for the run

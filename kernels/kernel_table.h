@@ -6,7 +6,7 @@
 // may run code from those units on a CPU that lacks the instructions.
 #include <cstddef>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace railshard::kernels::detail {
 

@@ -7,9 +7,9 @@
 #include <limits>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/trace.h"
 #include "kernels/kernel_table.h"
 
 namespace railshard::kernels {

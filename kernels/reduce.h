@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "kernels/cpu_features.h"
 
 namespace railshard::kernels {

@@ -10,9 +10,9 @@
 #include <set>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/fnv.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/fnv.h"
+#include "base/logging.h"
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/link_probe.h"
 #include "transport/shm/host_identity.h"

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "core/base/config.h"
-#include "core/base/store.h"
+#include "base/config.h"
+#include "base/store.h"
 #include "core/topology/topology.h"
 
 namespace railshard::launcher {

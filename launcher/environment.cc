@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/error.h"
+#include "base/config.h"
+#include "base/error.h"
 #include "transport/tcp/socket.h"
 
 extern char** environ;

@@ -1,8 +1,8 @@
 #include "launcher/init.h"
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/memory_store.h"
 #include "launcher/cluster_topology.h"
 #include "launcher/environment.h"
 #include "launcher/interfaces.h"

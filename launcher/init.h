@@ -3,8 +3,8 @@
 #include <memory>
 #include <string>
 
-#include "core/base/config.h"
-#include "core/base/store.h"
+#include "base/config.h"
+#include "base/store.h"
 #include "core/communicator.h"
 
 namespace railshard {

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <set>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::launcher {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::launcher {
 

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <string>
 
-#include "core/base/clock.h"
-#include "core/base/store.h"
+#include "base/clock.h"
+#include "base/store.h"
 #include "core/topology/topology.h"
 
 namespace railshard::launcher {

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 
 namespace railshard::launcher {
 

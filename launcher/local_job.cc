@@ -15,7 +15,7 @@
 #include <optional>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/job_token.h"
 #include "launcher/line_prefixer.h"
 #include "launcher/process_group.h"

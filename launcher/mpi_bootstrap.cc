@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 #ifdef RAILSHARD_HAVE_MPI
 // C bindings only: the C++ ones would drag libmpi_cxx into every user of the library.

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/tcp/socket.h"
 
 namespace railshard::launcher {

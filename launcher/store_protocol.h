@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::launcher {
 

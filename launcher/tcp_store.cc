@@ -5,8 +5,8 @@
 #include <limits>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 
 namespace railshard::launcher {
 

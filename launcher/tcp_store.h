@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/store.h"
+#include "base/store.h"
 #include "launcher/store_protocol.h"
 #include "transport/tcp/socket.h"
 

@@ -15,9 +15,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/memory_store.h"
 #include "launcher/store_protocol.h"
 
 namespace railshard::launcher {

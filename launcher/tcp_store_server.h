@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "core/base/clock.h"
+#include "base/clock.h"
 #include "transport/tcp/socket.h"
 
 namespace railshard::launcher {

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "test_util.h"
 
 namespace railshard::launcher {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "core/communicator.h"
 #include "tests/reference.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/communicator.h"
 #include "kernels/cuda/device_runtime.h"
 #include "tests/test_util.h"
@@ -125,10 +125,11 @@ TEST(CommunicatorDevice, UnknownMemoryKindIsInvalidArgument) {
 
 TEST(CommunicatorDevice, NcclSettingIsParsed) {
   std::map<std::string, std::string> env{{"RAILSHARD_NCCL", "off"}};
-  EXPECT_EQ(Config::fromEnvironment(&env).nccl, "off");
+  EXPECT_EQ(Config::fromEnvironment(&env).nccl, NcclMode::kOff);
   env["RAILSHARD_NCCL"] = "on";
-  EXPECT_EQ(Config::fromEnvironment(&env).nccl, "on");
-  EXPECT_EQ(Config::fromEnvironment(nullptr).nccl.empty(), false);
+  EXPECT_EQ(Config::fromEnvironment(&env).nccl, NcclMode::kOn);
+  env["RAILSHARD_NCCL"] = "auto";
+  EXPECT_EQ(Config::fromEnvironment(&env).nccl, NcclMode::kAuto);
   env["RAILSHARD_NCCL"] = "maybe";
   try {
     Config::fromEnvironment(&env);

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
-#include "core/base/metrics.h"
+#include "base/error.h"
+#include "base/memory_store.h"
+#include "base/metrics.h"
 #include "core/communicator.h"
 #include "tests/test_util.h"
 #include "transport/transport.h"

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/communicator.h"
 #include "tests/collective_check.h"
 #include "tests/reference.h"

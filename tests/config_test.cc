@@ -4,9 +4,9 @@
 #include <map>
 #include <sstream>
 
-#include "core/base/config.h"
-#include "core/base/error.h"
-#include "core/base/types.h"
+#include "base/config.h"
+#include "base/error.h"
+#include "base/types.h"
 
 namespace railshard {
 namespace {
@@ -19,7 +19,7 @@ TEST(Config, DefaultsAndParsing) {
   const Config config = Config::fromEnvironment(&env);
   EXPECT_EQ(config.timeout.count(), 2500);
   EXPECT_EQ(config.chunk_bytes, 256u * 1024);
-  EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.log_level, LogLevel::kDebug);
   EXPECT_EQ(config.token, "abc");
   const std::map<std::string, std::string> empty;
   EXPECT_EQ(Config::fromEnvironment(&empty).chunk_bytes, size_t{1} << 20);
@@ -70,6 +70,43 @@ TEST(Config, TransportAndRailWeightsAreTypedAndTheirNamesRoundTrip) {
   EXPECT_EQ(name(TransportKind::kShm), "shm");
   EXPECT_EQ(name(RailWeights::kStatic), "static");
   EXPECT_THROW(transportKindFrom("Tcp"), ConfigError);  // names are exact
+}
+
+// RAILSHARD_NCCL and RAILSHARD_LOG_LEVEL too; a bad value names the variable, the value and
+// every accepted name, the same way for each enum.
+TEST(Config, NcclModeAndLogLevelAreTypedAndBadNamesListTheChoices) {
+  const std::map<std::string, std::string> env = {{"RAILSHARD_NCCL", "off"},
+                                                  {"RAILSHARD_LOG_LEVEL", "critical"}};
+  const Config config = Config::fromEnvironment(&env);
+  EXPECT_EQ(config.nccl, NcclMode::kOff);
+  EXPECT_EQ(config.log_level, LogLevel::kCritical);
+  EXPECT_EQ(Config().nccl, NcclMode::kAuto);
+  EXPECT_EQ(Config().log_level, LogLevel::kWarn);
+  for (auto mode : {NcclMode::kAuto, NcclMode::kOn, NcclMode::kOff}) {
+    EXPECT_EQ(ncclModeFrom(std::string(name(mode))), mode) << name(mode);
+  }
+  const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(name(logLevelFrom(levels[i])), levels[i]);
+    EXPECT_EQ(static_cast<int>(logLevelFrom(levels[i])), i);  // least to most severe
+  }
+  const std::map<std::string, std::string> loud = {{"RAILSHARD_LOG_LEVEL", "loud"}};
+  try {
+    Config::fromEnvironment(&loud);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "RAILSHARD_LOG_LEVEL: unknown value 'loud' (expected trace, debug, info, warn, "
+                 "error, critical or off)");
+  }
+  try {
+    railWeightsFrom("fast");
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "RAILSHARD_RAIL_WEIGHTS: unknown value 'fast' (expected adaptive, static or equal)");
+  }
 }
 
 // docs/configuration.md documents every variable of the table, so the two cannot drift.

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/types.h"
+#include "base/error.h"
+#include "base/types.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/reduce_kernels.cuh"

@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/collective_tag.h"
 #include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/device_staging.h"

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/interfaces.h"

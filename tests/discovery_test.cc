@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/discovery/ip_network.h"

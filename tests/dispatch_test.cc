@@ -11,8 +11,8 @@
 #include <random>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/dispatcher.h"

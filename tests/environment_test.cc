@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/environment.h"
 
 namespace railshard::launcher {

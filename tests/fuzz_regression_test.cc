@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/store_protocol.h"
 #include "transport/messaging/message_book.h"
 #include "transport/tcp/frame.h"

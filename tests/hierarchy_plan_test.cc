@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/hierarchical_allreduce.h"
 #include "kernels/cuda/device_runtime.h"
 #include "tests/test_util.h"

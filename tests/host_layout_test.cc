@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/host_layout.h"
 #include "core/collectives/pipeline_worker.h"
 

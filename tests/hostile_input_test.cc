@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/communicator.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store.h"

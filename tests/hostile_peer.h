@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "tests/test_util.h"
 #include "transport/tcp/socket.h"
 

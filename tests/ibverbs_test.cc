@@ -9,7 +9,7 @@
 #include <fstream>
 #include <set>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "tests/test_util.h"
 #include "transport/ibverbs/credit_window.h"
 #include "transport/ibverbs/cuda_driver.h"

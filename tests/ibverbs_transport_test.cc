@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/memory_store.h"
+#include "base/trace.h"
 #include "core/communicator.h"
 #include "tests/over_emulation.h"
 #include "tests/test_util.h"

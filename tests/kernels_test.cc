@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cpu_features.h"
 #include "kernels/reduce.h"
 #include "tests/reference.h"

@@ -1,6 +1,6 @@
-// core/base/metrics.h: the registry's arithmetic, the Prometheus text it renders (checked by a
+// base/metrics.h: the registry's arithmetic, the Prometheus text it renders (checked by a
 // small parser of the exposition format), collectors and the file exporter.
-#include "core/base/metrics.h"
+#include "base/metrics.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/error.h"
+#include "base/config.h"
+#include "base/error.h"
 
 namespace railshard {
 namespace {

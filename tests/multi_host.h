@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/memory_store.h"
+#include "base/memory_store.h"
 #include "core/collectives/host_layout.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/memory_store.h"
+#include "base/memory_store.h"
 #include "tests/test_util.h"
 #include "transport/tcp/tcp_transport.h"
 

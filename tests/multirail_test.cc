@@ -17,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "test_util.h"
 #include "tests/hostile_peer.h"
 #include "tests/multirail_pair.h"

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 // nccl.h needs CUDA's headers; when both are on the include path, the spelled-out values are
 // checked against the real enums at compile time.

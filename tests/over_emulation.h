@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/communicator.h"
 #include "tests/test_util.h"
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <mutex>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "tests/hostile_peer.h"
 #include "tests/multirail_pair.h"
 #include "transport/messaging/piece_link.h"

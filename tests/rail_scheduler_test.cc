@@ -9,7 +9,7 @@
 
 #include <random>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::rails {
 namespace {

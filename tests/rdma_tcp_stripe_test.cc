@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "tests/over_emulation.h"
 #include "transport/transport.h"
 

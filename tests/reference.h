@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/base/types.h"
+#include "base/types.h"
 
 namespace railshard::test {
 

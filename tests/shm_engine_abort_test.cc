@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/shm_engine.h"
 #include "transport/shm/shm_segment.h"
 

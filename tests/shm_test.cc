@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "tests/test_util.h"
 #include "transport/shm/shm_segment.h"
 

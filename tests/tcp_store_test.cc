@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/link_probe.h"
 #include "test_util.h"
 

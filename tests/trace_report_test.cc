@@ -22,21 +22,28 @@
 #include <sstream>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/tracing/report_analysis.h"
-#include "core/tracing/report_html.h"
-#include "core/tracing/report_json.h"
-#include "core/tracing/report_text.h"
-#include "core/tracing/svg_plot.h"
+#include "base/error.h"
 #include "core/tracing/trace_file.h"
 #include "core/tracing/trace_merge.h"
+#include "launcher/tools/report/report_analysis.h"
+#include "launcher/tools/report/report_html.h"
+#include "launcher/tools/report/report_json.h"
+#include "launcher/tools/report/report_text.h"
+#include "launcher/tools/report/svg_plot.h"
 #include "tests/test_util.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+// Reading and merging trace files is the library's (core/tracing); the report is the tool's.
+using tracing::MergeResult;
+using tracing::mergeTraces;
+using tracing::parseTrace;
+using tracing::rankFileName;
+using tracing::readTraceDir;
+using tracing::writeMergedTrace;
 
 const std::string kFixtures = std::string(RAILSHARD_SOURCE_DIR) + "/tests/fixtures/trace";
 
@@ -589,4 +596,4 @@ TEST(TraceReport, ToolExitsTwoWithAOneLineReasonOnBadUsageOrInput) {
 }
 
 }  // namespace
-}  // namespace railshard::tracing
+}  // namespace railshard::report

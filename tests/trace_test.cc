@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/memory_store.h"
+#include "base/trace.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"
 #include "core/tracing/link_limit.h"

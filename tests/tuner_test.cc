@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/tuner.h"
 
 namespace railshard::collectives {

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/memory_store.h"
+#include "base/error.h"
+#include "base/memory_store.h"
 #include "core/collectives/host_layout.h"
 #include "core/collectives/two_level.h"
 #include "core/communicator.h"

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 #include "transport/message_tag.h"
 
 namespace railshard::transport {

@@ -1,6 +1,6 @@
 #include "transport/transport.h"
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 
 namespace railshard::transport {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "transport/message_tag.h"
 #include "transport/request.h"
 

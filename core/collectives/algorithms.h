@@ -2,7 +2,7 @@
 
 #include <cstddef>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "core/collectives/context.h"
 
 namespace railshard::collectives {

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/trace.h"
-#include "core/base/types.h"
+#include "base/clock.h"
+#include "base/trace.h"
+#include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/transport.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/reduce.h"
 
 namespace railshard::collectives {

@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/base/clock.h"
-#include "core/base/types.h"
+#include "base/clock.h"
+#include "base/types.h"
 
 namespace railshard::collectives {
 

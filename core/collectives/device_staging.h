@@ -24,7 +24,7 @@
 // of device scratch, whatever the message size.
 #include <cstddef>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "core/collectives/context.h"
 #include "core/collectives/device_ops.h"
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/reduce.h"
 
 namespace railshard::collectives {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/base/clock.h"
+#include "base/clock.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/reduce.h"
 

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::collectives {
 

@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "core/base/clock.h"
-#include "core/base/types.h"
+#include "base/clock.h"
+#include "base/types.h"
 
 namespace railshard::collectives {
 

@@ -1,6 +1,6 @@
 #include "core/collectives/pipeline_worker.h"
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 
 namespace railshard::collectives {
 

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/logging.h"
-#include "core/base/trace.h"
+#include "base/logging.h"
+#include "base/trace.h"
 #include "core/collective_tag.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/base/clock.h"
-#include "core/base/error.h"
-#include "core/base/types.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/shm/shm_segment.h"
 

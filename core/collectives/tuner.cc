@@ -5,7 +5,7 @@
 #include <optional>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/collectives/two_level.h"
 
 namespace railshard::collectives {

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <exception>
 
-#include "core/base/error.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/trace.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/pipeline_worker.h"
 #include "core/collectives/shm_engine.h"

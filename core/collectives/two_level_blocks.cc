@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/two_level.h"
 #include "core/collectives/two_level_internal.h"

@@ -4,8 +4,8 @@
 // two_level_blocks.cc). Not part of the interface.
 #include <exception>
 
-#include "core/base/error.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/trace.h"
 #include "core/collectives/context.h"
 
 namespace railshard::collectives {

@@ -4,11 +4,11 @@
 #include <cstring>
 #include <sstream>
 
-#include "core/base/clock.h"
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/metrics.h"
-#include "core/base/trace.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/metrics.h"
+#include "base/trace.h"
 #include "core/communicator.h"
 #include "core/dispatch/static_weights.h"
 #include "core/topology/topology.h"

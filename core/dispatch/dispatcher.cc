@@ -4,8 +4,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "core/base/error.h"
-#include "core/base/fnv.h"
+#include "base/error.h"
+#include "base/fnv.h"
 
 namespace railshard::dispatch {
 

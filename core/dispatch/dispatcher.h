@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/config.h"
+#include "base/config.h"
 #include "core/dispatch/policy.h"
 #include "core/dispatch/throughput_estimator.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/base/fnv.h"
+#include "base/error.h"
+#include "base/fnv.h"
 
 namespace railshard::dispatch {
 

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/communicator.h"
 
 namespace railshard::dispatch {

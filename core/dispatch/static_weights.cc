@@ -6,7 +6,7 @@
 #include <map>
 #include <utility>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 
 namespace railshard::dispatch {

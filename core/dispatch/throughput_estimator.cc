@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::dispatch {
 

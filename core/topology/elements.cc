@@ -92,7 +92,7 @@ bool parse(std::string_view text, LinkLayer& out) {
 
 #include <arpa/inet.h>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::topology {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 
 namespace railshard::topology {

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <set>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::topology {
 

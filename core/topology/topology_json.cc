@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "core/base/error.h"
-#include "core/base/fnv.h"
+#include "base/error.h"
+#include "base/fnv.h"
 #include "core/topology/topology.h"
 
 namespace railshard::topology {

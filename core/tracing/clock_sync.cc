@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 
 namespace railshard::tracing {
 

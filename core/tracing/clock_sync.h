@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/clock.h"
-#include "core/base/store.h"
+#include "base/clock.h"
+#include "base/store.h"
 
 namespace railshard::tracing {
 

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::tracing {
 

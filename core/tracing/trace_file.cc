@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::tracing {
 

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/tracing/trace_file.h"
 
 namespace railshard::tracing {

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::kernels::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // caller that asks for device memory learns it from the error rather than from a crash.
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 
 namespace railshard::kernels::cuda {

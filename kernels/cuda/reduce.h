@@ -11,7 +11,7 @@
 // an invalid dtype/op.
 #include <cstddef>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "kernels/cuda/device_runtime.h"
 
 namespace railshard::kernels::cuda {

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/reduce_kernels.cuh"

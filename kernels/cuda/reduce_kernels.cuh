@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "kernels/half.h"
 #include "kernels/wrap_type.h"
 

@@ -1,6 +1,6 @@
 // kernels/cuda/reduce.h for a build without CUDA: there is no device memory to reduce, so
 // every call raises ConfigError with device_runtime's reason ("built without CUDA ...").
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/reduce.h"
 
 namespace railshard::kernels::cuda {

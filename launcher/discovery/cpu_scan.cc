@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 #include "launcher/discovery/sysfs_files.h"
 
 #if defined(RAILSHARD_HAVE_HWLOC)

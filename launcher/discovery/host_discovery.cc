@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "launcher/discovery/cpu_scan.h"
 #include "launcher/discovery/ip_network.h"
 #include "launcher/discovery/nic_selection.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 
 #if defined(RAILSHARD_HAVE_CUDA) && __has_include(<nvml.h>)
 #include <nvml.h>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 #include "launcher/discovery/sysfs_files.h"
 
 namespace railshard::launcher::discovery {

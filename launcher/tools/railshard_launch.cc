@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/error.h"
+#include "base/config.h"
+#include "base/error.h"
 #include "core/tracing/trace_merge.h"
 #include "launcher/local_job.h"
 #include "launcher/process_group.h"

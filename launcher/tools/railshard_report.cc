@@ -9,14 +9,14 @@
 #include <sstream>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
-#include "core/tracing/report_analysis.h"
-#include "core/tracing/report_html.h"
-#include "core/tracing/report_json.h"
-#include "core/tracing/report_text.h"
 #include "core/tracing/trace_file.h"
 #include "core/tracing/trace_merge.h"
+#include "launcher/tools/report/report_analysis.h"
+#include "launcher/tools/report/report_html.h"
+#include "launcher/tools/report/report_json.h"
+#include "launcher/tools/report/report_text.h"
 
 namespace {
 
@@ -114,7 +114,8 @@ void writeFile(const std::string& path, const std::string& text, const char* wha
 
 int run(const Arguments& args) {
   namespace tracing = railshard::tracing;
-  tracing::ReportOptions options;
+  namespace report = railshard::report;
+  report::ReportOptions options;
   options.link_gbps = args.link_gbps;
   if (!args.topology.empty()) {
     options.topology =
@@ -122,10 +123,10 @@ int run(const Arguments& args) {
     options.topology_source = args.topology;
   }
   const tracing::TraceSet traces = tracing::readTraceDir(args.dir);
-  const tracing::Report report = tracing::analyse(traces, options);
-  std::cout << tracing::renderText(report);
-  if (!args.json.empty()) writeFile(args.json, tracing::renderJson(report), "JSON report");
-  if (!args.html.empty()) writeFile(args.html, tracing::renderHtml(report), "HTML report");
+  const report::Report analysed = report::analyse(traces, options);
+  std::cout << report::renderText(analysed);
+  if (!args.json.empty()) writeFile(args.json, report::renderJson(analysed), "JSON report");
+  if (!args.html.empty()) writeFile(args.html, report::renderHtml(analysed), "HTML report");
   if (!args.merge.empty()) {
     const auto merged = tracing::writeMergedTrace(args.dir, args.merge);
     std::cout << "\nmerged " << merged.ranks << " rank(s), " << merged.events << " events into "

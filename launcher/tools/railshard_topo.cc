@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/error.h"
+#include "base/config.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/cluster_topology.h"
 #include "launcher/discovery/host_discovery.h"

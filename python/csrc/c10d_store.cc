@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::python {
 namespace {

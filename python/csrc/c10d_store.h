@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/store.h"
+#include "base/store.h"
 #include "python/csrc/torch_compat.h"
 
 namespace railshard::python {

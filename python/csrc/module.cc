@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/dispatch/dispatcher.h"
 #include "core/dispatch/policy.h"
 #include "python/csrc/process_group.h"

@@ -9,7 +9,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/init.h"
 #include "launcher/interfaces.h"
 #include "python/csrc/c10d_store.h"

@@ -4,7 +4,7 @@
 #include <sstream>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 
 namespace railshard::python {

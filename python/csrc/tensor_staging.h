@@ -8,7 +8,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include "core/base/types.h"
+#include "base/types.h"
 #include "core/communicator.h"
 #include "python/csrc/torch_compat.h"
 

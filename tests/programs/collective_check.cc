@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/topology/topology.h"
 #include "launcher/init.h"
 #include "transport/transport.h"

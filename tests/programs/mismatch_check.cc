@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "launcher/init.h"
 
 namespace {

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/types.h"
+#include "base/error.h"
+#include "base/types.h"
 #include "launcher/init.h"
 #include "tests/reference.h"
 

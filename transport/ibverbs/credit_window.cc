@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::ibverbs {
 

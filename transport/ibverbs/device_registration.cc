@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::ibverbs {
 

@@ -3,8 +3,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/ibverbs/hca_discovery.h"
 #include "transport/ibverbs/ibverbs_transport.h"
 #include "transport/ibverbs/verbs_api.h"

@@ -3,9 +3,9 @@
 #include <memory>
 #include <string>
 
-#include "core/base/clock.h"
-#include "core/base/config.h"
-#include "core/base/store.h"
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/store.h"
 #include "transport/transport.h"
 
 namespace railshard::transport::ibverbs {

@@ -1,5 +1,5 @@
 // Built instead of the RDMA transport when infiniband/verbs.h was not found at build time.
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/ibverbs/ibverbs_factory.h"
 
 namespace railshard::transport::ibverbs {

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <random>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
 
 namespace railshard::transport::ibverbs {

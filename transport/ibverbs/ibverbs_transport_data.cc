@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
 
 namespace railshard::transport::ibverbs {

@@ -9,8 +9,8 @@
 
 #include <cstring>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/ibverbs/device_registration.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
 

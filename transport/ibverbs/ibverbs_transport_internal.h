@@ -7,8 +7,8 @@
 #include <optional>
 #include <set>
 
-#include "core/base/clock.h"
-#include "core/base/trace.h"
+#include "base/clock.h"
+#include "base/trace.h"
 #include "transport/ibverbs/ibverbs_transport.h"
 #include "transport/ibverbs/registration_cache.h"
 #include "transport/messaging/message_book.h"

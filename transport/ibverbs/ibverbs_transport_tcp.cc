@@ -6,7 +6,7 @@
 // or to TCP when it was the last one.
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
 
 namespace railshard::transport::ibverbs {

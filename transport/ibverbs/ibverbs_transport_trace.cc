@@ -3,7 +3,7 @@
 // posting to completion. Called only while tracing is on.
 #include <string>
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
 
 namespace railshard::transport::ibverbs {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::ibverbs {
 

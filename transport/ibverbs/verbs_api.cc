@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "core/base/logging.h"
+#include "base/logging.h"
 
 namespace railshard::transport::ibverbs {
 

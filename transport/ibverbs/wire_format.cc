@@ -1,6 +1,6 @@
 #include "transport/ibverbs/wire_format.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::ibverbs {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/message_tag.h"
 #include "transport/request.h"
 #include "transport/transport.h"

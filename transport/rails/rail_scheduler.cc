@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::rails {
 

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "core/base/clock.h"
+#include "base/clock.h"
 
 namespace railshard::transport::shm {
 

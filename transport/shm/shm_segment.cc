@@ -13,8 +13,8 @@
 #include <new>
 #include <random>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 
 namespace railshard::transport::shm {
 namespace {

@@ -5,7 +5,7 @@
 #include <span>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/message_tag.h"
 
 namespace railshard::transport::tcp {

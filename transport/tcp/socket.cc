@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard::transport::tcp {
 

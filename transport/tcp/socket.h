@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/clock.h"
+#include "base/clock.h"
 
 namespace railshard::transport::tcp {
 

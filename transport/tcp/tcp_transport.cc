@@ -14,9 +14,9 @@
 #include <optional>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/trace.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/trace.h"
 #include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {

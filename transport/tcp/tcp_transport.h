@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/config.h"
-#include "core/base/store.h"
+#include "base/config.h"
+#include "base/store.h"
 #include "transport/messaging/current_collective.h"
 #include "transport/messaging/piece_link.h"
 #include "transport/tcp/frame.h"

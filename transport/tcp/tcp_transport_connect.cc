@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 

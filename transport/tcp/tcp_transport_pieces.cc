@@ -5,7 +5,7 @@
 // told what landed.
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 

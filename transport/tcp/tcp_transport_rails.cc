@@ -19,8 +19,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 

@@ -7,8 +7,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_transport_internal.h"
 

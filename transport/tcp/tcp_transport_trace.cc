@@ -2,7 +2,7 @@
 // receives: traceTransfer in transport.cc). Called only while tracing is on.
 #include <string>
 
-#include "core/base/trace.h"
+#include "base/trace.h"
 #include "transport/tcp/tcp_transport_internal.h"
 
 namespace railshard::transport::tcp {

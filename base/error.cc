@@ -1,4 +1,4 @@
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard {
 

@@ -1,10 +1,10 @@
-#include "core/tracing/report_json.h"
+#include "launcher/tools/report/report_json.h"
 
 #include <nlohmann/json.hpp>
 
-#include "core/tracing/report_format.h"
+#include "launcher/tools/report/report_format.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 namespace {
 
@@ -109,4 +109,4 @@ std::string renderJson(const Report& report) {
   return out.dump(2) + "\n";
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

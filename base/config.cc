@@ -1,4 +1,4 @@
-#include "core/base/config.h"
+#include "base/config.h"
 
 #include <cerrno>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 extern char** environ;
 
@@ -77,18 +77,7 @@ const std::vector<Config::Variable>& Config::variables() {
   static const std::vector<Variable> table = {
       {"RAILSHARD_LOG_LEVEL", "warn",
        "Log level: trace, debug, info, warn, error, critical or off.",
-       [](Config& c, const std::string& v) {
-         static const char* kLevels[] = {"trace", "debug",    "info", "warn",
-                                         "error", "critical", "off"};
-         for (const char* level : kLevels) {
-           if (v == level) {
-             c.log_level = v;
-             return;
-           }
-         }
-         throw ConfigError("RAILSHARD_LOG_LEVEL: unknown level '" + v +
-                           "' (expected trace, debug, info, warn, error, critical or off)");
-       }},
+       [](Config& c, const std::string& v) { c.log_level = logLevelFrom(v); }},
       {"RAILSHARD_TIMEOUT", "300",
        "Deadline in seconds for every blocking wait inside a collective; a wait that passes it "
        "raises TimeoutError naming the collective and the peer.",
@@ -144,13 +133,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "between hosts when every rank can load NCCL and every host has the same number of "
        "ranks; else pinned-host staging), on (the same, but an error naming why when it cannot) "
        "or off (always staging). docs/gpu.md.",
-       [](Config& c, const std::string& v) {
-         if (v != "auto" && v != "on" && v != "off") {
-           throw ConfigError("RAILSHARD_NCCL: unknown value '" + v +
-                             "' (expected auto, on or off)");
-         }
-         c.nccl = v;
-       }},
+       [](Config& c, const std::string& v) { c.nccl = ncclModeFrom(v); }},
       {"RAILSHARD_IB_HCA", "(every device)",
        "RDMA ports to use as rails, comma-separated device names with an optional port: "
        "mlx5_0,mlx5_1:1. Lane r to a peer joins this rank's r-th port to the peer's r-th.",
@@ -320,46 +303,81 @@ const std::vector<Config::Variable>& Config::variables() {
   return table;
 }
 
+namespace {
+
+// Each enum's names, in declaration order: name() and the parsers read the same table.
+template <typename E>
+struct Names {
+  const char* variable;
+  std::vector<std::pair<E, std::string_view>> names;
+
+  std::string_view of(E value) const {
+    for (const auto& [e, text] : names) {
+      if (e == value) return text;
+    }
+    return "?";
+  }
+  E from(const std::string& text) const {
+    std::string expected;
+    size_t i = 0;
+    for (const auto& [e, name] : names) {
+      if (text == name) return e;
+      expected += std::string(i == 0                  ? ""
+                              : i + 1 == names.size() ? " or "
+                                                      : ", ") +
+                  std::string(name);
+      ++i;
+    }
+    throw ConfigError(std::string(variable) + ": unknown value '" + text + "' (expected " +
+                      expected + ")");
+  }
+};
+
+const Names<TransportKind> kTransportNames{"RAILSHARD_TRANSPORT",
+                                           {{TransportKind::kAuto, "auto"},
+                                            {TransportKind::kTcp, "tcp"},
+                                            {TransportKind::kShm, "shm"},
+                                            {TransportKind::kIbverbs, "ibverbs"}}};
+const Names<RailWeights> kRailWeightNames{"RAILSHARD_RAIL_WEIGHTS",
+                                          {{RailWeights::kAdaptive, "adaptive"},
+                                           {RailWeights::kStatic, "static"},
+                                           {RailWeights::kEqual, "equal"}}};
+const Names<NcclMode> kNcclNames{
+    "RAILSHARD_NCCL", {{NcclMode::kAuto, "auto"}, {NcclMode::kOn, "on"}, {NcclMode::kOff, "off"}}};
+const Names<LogLevel> kLogLevelNames{"RAILSHARD_LOG_LEVEL",
+                                     {{LogLevel::kTrace, "trace"},
+                                      {LogLevel::kDebug, "debug"},
+                                      {LogLevel::kInfo, "info"},
+                                      {LogLevel::kWarn, "warn"},
+                                      {LogLevel::kError, "error"},
+                                      {LogLevel::kCritical, "critical"},
+                                      {LogLevel::kOff, "off"}}};
+
+}  // namespace
+
 std::string_view name(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kAuto:
-      return "auto";
-    case TransportKind::kTcp:
-      return "tcp";
-    case TransportKind::kShm:
-      return "shm";
-    case TransportKind::kIbverbs:
-      return "ibverbs";
-  }
-  return "?";
+  return kTransportNames.of(kind);
 }
-
 std::string_view name(RailWeights weights) {
-  switch (weights) {
-    case RailWeights::kAdaptive:
-      return "adaptive";
-    case RailWeights::kStatic:
-      return "static";
-    case RailWeights::kEqual:
-      return "equal";
-  }
-  return "?";
+  return kRailWeightNames.of(weights);
 }
-
+std::string_view name(NcclMode mode) {
+  return kNcclNames.of(mode);
+}
+std::string_view name(LogLevel level) {
+  return kLogLevelNames.of(level);
+}
 TransportKind transportKindFrom(const std::string& text) {
-  for (auto kind :
-       {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm, TransportKind::kIbverbs}) {
-    if (text == name(kind)) return kind;
-  }
-  throw ConfigError("RAILSHARD_TRANSPORT: unknown transport '" + text +
-                    "' (expected auto, tcp, shm or ibverbs)");
+  return kTransportNames.from(text);
 }
-
 RailWeights railWeightsFrom(const std::string& text) {
-  for (auto weights : {RailWeights::kAdaptive, RailWeights::kStatic, RailWeights::kEqual}) {
-    if (text == name(weights)) return weights;
-  }
-  throw ConfigError("RAILSHARD_RAIL_WEIGHTS='" + text + "' is not one of adaptive, static, equal");
+  return kRailWeightNames.from(text);
+}
+NcclMode ncclModeFrom(const std::string& text) {
+  return kNcclNames.from(text);
+}
+LogLevel logLevelFrom(const std::string& text) {
+  return kLogLevelNames.from(text);
 }
 
 Config Config::fromEnvironment(const std::map<std::string, std::string>* env) {
@@ -382,14 +400,15 @@ Config Config::fromEnvironment(const std::map<std::string, std::string>* env) {
 
 std::string Config::describe() const {
   std::ostringstream out;
-  out << "log_level=" << log_level << " timeout=" << timeout.count() / 1000.0 << "s"
+  out << "log_level=" << name(log_level) << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
       << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
-      << " algorithm=" << algorithm << " nccl=" << nccl << " shm_slot_bytes=" << shm_slot_bytes
-      << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
-      << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
-      << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes
+      << " algorithm=" << algorithm << " nccl=" << name(nccl)
+      << " shm_slot_bytes=" << shm_slot_bytes << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca)
+      << " ib_gid_index=" << ib_gid_index << " ib_timeout=" << ib_timeout
+      << " ib_retry_cnt=" << ib_retry_cnt << " ib_slots=" << ib_slots
+      << " ib_slot_bytes=" << ib_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

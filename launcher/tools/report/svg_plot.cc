@@ -1,11 +1,11 @@
-#include "core/tracing/svg_plot.h"
+#include "launcher/tools/report/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 namespace {
 
@@ -295,4 +295,4 @@ std::string renderSvg(const BarChart& chart) {
   return out.str();
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/clock.h"
+#include "base/clock.h"
 
 namespace railshard::trace {
 

@@ -1,13 +1,13 @@
-#include "core/tracing/report_text.h"
+#include "launcher/tools/report/report_text.h"
 
 #include <algorithm>
 #include <set>
 #include <sstream>
 #include <vector>
 
-#include "core/tracing/report_format.h"
+#include "launcher/tools/report/report_format.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 namespace {
 
@@ -168,4 +168,4 @@ std::string renderText(const Report& report) {
   return out.str();
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

@@ -2,7 +2,7 @@
 
 #include <string>
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 // Number formats shared by the text and HTML reports, so both print the same digits.
 
@@ -15,4 +15,4 @@ std::string rate(double value);
 // "r<rank>", the name the dispatch counters give a rank's series.
 std::string rankKey(int rank);
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

@@ -15,18 +15,26 @@ namespace railshard {
 enum class TransportKind : uint8_t { kAuto, kTcp, kShm, kIbverbs };
 // RAILSHARD_RAIL_WEIGHTS: how a message between two hosts is split over their rails.
 enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
+// RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
+enum class NcclMode : uint8_t { kAuto, kOn, kOff };
+// RAILSHARD_LOG_LEVEL, least to most severe; kOff logs nothing.
+enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };
 
-// "auto", "tcp", ...: the names RAILSHARD_TRANSPORT and RAILSHARD_RAIL_WEIGHTS take.
+// "auto", "tcp", ...: the names the variables take (the same as spdlog's for LogLevel).
 std::string_view name(TransportKind kind);
 std::string_view name(RailWeights weights);
+std::string_view name(NcclMode mode);
+std::string_view name(LogLevel level);
 // From those names; ConfigError naming the variable, the value and the names it takes.
 TransportKind transportKindFrom(const std::string& text);
 RailWeights railWeightsFrom(const std::string& text);
+NcclMode ncclModeFrom(const std::string& text);
+LogLevel logLevelFrom(const std::string& text);
 
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
 // docs/configuration.md, which a test keeps in sync with variables()).
 struct Config {
-  std::string log_level = "warn";
+  LogLevel log_level = LogLevel::kWarn;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   // RAILSHARD_HEARTBEAT_TIMEOUT: a peer heard nothing from for this long is declared lost
@@ -45,9 +53,8 @@ struct Config {
   int ib_slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
   size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
-  // RAILSHARD_NCCL: auto | on | off — NCCL inside a host for device all-reduces (docs/gpu.md)
-  std::string nccl = "auto";
-  size_t shm_slot_bytes = 0;             // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  NcclMode nccl = NcclMode::kAuto;   // RAILSHARD_NCCL
+  size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here
@@ -62,7 +69,7 @@ struct Config {
   int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps
   std::string trace_dir;         // RAILSHARD_TRACE: per-rank trace files go here; "" = off
   size_t trace_events = 262144;  // RAILSHARD_TRACE_EVENTS: events kept per process
-  // RAILSHARD_METRICS: Prometheus text file kept fresh (core/base/metrics.h); "{rank}" in it is
+  // RAILSHARD_METRICS: Prometheus text file kept fresh (base/metrics.h); "{rank}" in it is
   // the caller's to replace. "" = off.
   std::string metrics_path;
   std::chrono::milliseconds metrics_interval{5000};  // RAILSHARD_METRICS_INTERVAL

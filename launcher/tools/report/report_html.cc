@@ -1,12 +1,12 @@
-#include "core/tracing/report_html.h"
+#include "launcher/tools/report/report_html.h"
 
 #include <set>
 #include <sstream>
 
-#include "core/tracing/report_format.h"
-#include "core/tracing/svg_plot.h"
+#include "launcher/tools/report/report_format.h"
+#include "launcher/tools/report/svg_plot.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 namespace {
 
@@ -174,4 +174,4 @@ std::string renderHtml(const Report& report) {
   return out.str();
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

@@ -7,9 +7,19 @@
 #include <vector>
 
 #include "core/topology/topology.h"
+#include "core/tracing/link_limit.h"
 #include "core/tracing/trace_file.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
+
+// The report reads what the library records (core/tracing): those types unqualified here.
+using tracing::CollectiveEvent;
+using tracing::CounterEvent;
+using tracing::LinkLimit;
+using tracing::RailEvent;
+using tracing::RankTrace;
+using tracing::SpanEvent;
+using tracing::TraceSet;
 
 // What railshard-report computes from a trace directory (docs/tracing.md, "Report"). Plain
 // values, so the text, JSON and HTML renderers only format them.
@@ -140,4 +150,4 @@ LimitInfo resolveLimit(const TraceSet& traces, const ReportOptions& options);
 
 Report analyse(const TraceSet& traces, const ReportOptions& options = {});
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

@@ -1,4 +1,4 @@
-#include "core/base/trace.h"
+#include "base/trace.h"
 
 #include <unistd.h>
 
@@ -11,9 +11,9 @@
 #include <mutex>
 #include <set>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
-#include "core/base/types.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "base/types.h"
 
 namespace railshard::trace {
 

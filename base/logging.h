@@ -4,12 +4,12 @@
 // every line names the rank. Not part of the installed public API.
 #include <spdlog/spdlog.h>
 
-#include <string>
+#include "base/config.h"
 
 namespace railshard::log {
 
-// Sets the level ("trace".."off") and the "[railshard rank N]" prefix; idempotent.
-void configure(const std::string& level, int rank);
+// Sets the level and the "[railshard rank N]" prefix; idempotent.
+void configure(LogLevel level, int rank);
 spdlog::logger& logger();
 
 }  // namespace railshard::log

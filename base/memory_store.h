@@ -4,7 +4,7 @@
 #include <map>
 #include <mutex>
 
-#include "core/base/store.h"
+#include "base/store.h"
 
 namespace railshard {
 

@@ -2,12 +2,12 @@
 
 #include <string>
 
-#include "core/tracing/report_analysis.h"
+#include "launcher/tools/report/report_analysis.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 // The analysis as JSON (railshard-report --json): every table of the text report unabridged
 // (all collectives, all dispatcher rows kept by the subsampling), unknown values as null.
 std::string renderJson(const Report& report);
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

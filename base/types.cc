@@ -1,4 +1,4 @@
-#include "core/base/types.h"
+#include "base/types.h"
 
 #include <array>
 #include <string>

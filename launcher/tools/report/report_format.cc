@@ -1,8 +1,8 @@
-#include "core/tracing/report_format.h"
+#include "launcher/tools/report/report_format.h"
 
 #include <cstdio>
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 std::string fixed(double value, int decimals) {
   char text[64];
@@ -26,4 +26,4 @@ std::string rankKey(int rank) {
   return key;
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

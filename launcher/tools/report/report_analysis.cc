@@ -1,4 +1,4 @@
-#include "core/tracing/report_analysis.h"
+#include "launcher/tools/report/report_analysis.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,10 +7,10 @@
 #include <optional>
 #include <tuple>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/tracing/link_limit.h"
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 namespace {
 
@@ -41,9 +41,9 @@ LimitInfo fromTopology(const topology::Topology& graph, int world_size, std::str
       // launch topology).
       std::vector<int> ring;
       for (int r = 0; r < world_size; ++r) ring.push_back(r);
-      limit = ringLimit(graph, ring);
+      limit = tracing::ringLimit(graph, ring);
     } else {
-      limit = ringLimit(graph);
+      limit = tracing::ringLimit(graph);
     }
     info.gbps = limit.gbps;
     info.description = limit.description;
@@ -428,4 +428,4 @@ Report analyse(const TraceSet& traces, const ReportOptions& options) {
   return report;
 }
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

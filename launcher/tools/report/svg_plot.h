@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-namespace railshard::tracing {
+namespace railshard::report {
 
 // A small static SVG chart writer for railshard-report's HTML page: line charts (linear or
 // log2 x axis) and bar charts, with axes, tick labels, a legend and horizontal reference
@@ -55,4 +55,4 @@ std::string escapeXml(const std::string& text);
 // 1024 -> "1K", 1048576 -> "1M", 0 -> "0"; other values as plain numbers.
 std::string bytesLabel(double bytes);
 
-}  // namespace railshard::tracing
+}  // namespace railshard::report

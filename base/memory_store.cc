@@ -1,8 +1,8 @@
-#include "core/base/memory_store.h"
+#include "base/memory_store.h"
 
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace railshard {
 

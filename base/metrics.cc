@@ -1,4 +1,4 @@
-#include "core/base/metrics.h"
+#include "base/metrics.h"
 
 #include <unistd.h>
 
@@ -17,8 +17,8 @@
 #include <new>
 #include <thread>
 
-#include "core/base/error.h"
-#include "core/base/logging.h"
+#include "base/error.h"
+#include "base/logging.h"
 
 namespace railshard::metrics {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/base/logging.h"
+#include "base/logging.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -30,9 +30,10 @@ spdlog::logger& logger() {
   return *instance;
 }
 
-void configure(const std::string& level, int rank) {
+void configure(LogLevel level, int rank) {
   std::lock_guard<std::mutex> lock(mutex());
-  logger().set_level(spdlog::level::from_str(level));
+  // LogLevel's names are spdlog's.
+  logger().set_level(spdlog::level::from_str(std::string(name(level))));
   logger().set_pattern("[railshard " + std::to_string(rank) + " %l] %v");
 }
 
