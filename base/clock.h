@@ -1,6 +1,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <string>
 
 namespace railshard {
 
@@ -15,6 +17,13 @@ inline Deadline deadlineAfter(Duration timeout) {
 
 inline double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "1.25 s", for error messages.
+inline std::string formatSeconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f s", seconds);
+  return text;
 }
 
 inline int millisUntil(Deadline deadline) {

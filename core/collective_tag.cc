@@ -16,6 +16,10 @@ std::string_view name(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kPointToPoint:
+      return "send/recv";
   }
   return "unknown-collective";
 }
@@ -44,11 +48,35 @@ bool usesOp(uint8_t kind) {
          kind == static_cast<uint8_t>(CollectiveKind::kReduceScatter);
 }
 
+// The block an all-to-all message carries, in elements.
+uint64_t blockCount(const transport::MessageTag& tag) {
+  return uint64_t{tag.step} | (uint64_t{tag.reserved2} << 32);
+}
+
+constexpr auto kPointToPoint = static_cast<uint8_t>(CollectiveKind::kPointToPoint);
+constexpr auto kAllToAll = static_cast<uint8_t>(CollectiveKind::kAllToAll);
+
+// "message #3 of this pair (tag 7, float, count 100)": the top bit of the sequence only
+// separates the pair's numbering from the collectives'.
+std::string describePointToPoint(const transport::MessageTag& tag) {
+  std::ostringstream out;
+  out << "message #" << (tag.sequence & ~(uint64_t{1} << 63)) << " of this pair (tag " << tag.root
+      << ", " << name(static_cast<DataType>(tag.dtype)) << ", count " << tag.count << ")";
+  return out.str();
+}
+
 }  // namespace
 
 std::string describeTag(const transport::MessageTag& tag) {
   std::ostringstream out;
+  if (tag.collective == kPointToPoint) return "send/recv " + describePointToPoint(tag);
   out << kindName(tag.collective) << " #" << tag.sequence;
+  if (tag.collective == kAllToAll) {
+    out << " (" << name(static_cast<DataType>(tag.dtype));
+    if (tag.step != 0 || tag.reserved2 != 0) out << ", block of " << blockCount(tag);
+    out << ")";
+    return out.str();
+  }
   if (tag.collective == static_cast<uint8_t>(CollectiveKind::kBarrier)) return out.str();
   out << " (" << name(static_cast<DataType>(tag.dtype));
   if (usesOp(tag.collective)) out << " " << name(static_cast<ReduceOp>(tag.op));
@@ -63,9 +91,22 @@ std::string describeTag(const transport::MessageTag& tag) {
 std::string describeMismatch(int my_rank, const transport::MessageTag& mine, int peer,
                              const transport::MessageTag& theirs) {
   std::ostringstream out;
-  out << describeTag(mine) << ": ranks disagree:";
   const std::string me = "rank " + std::to_string(my_rank);
   const std::string them = "rank " + std::to_string(peer);
+  // Point-to-point and all-to-all name what the two sides of the pair disagree on directly.
+  if (mine.collective == kPointToPoint && theirs.collective == kPointToPoint) {
+    out << "send/recv: " << me << " expects " << describePointToPoint(mine) << ", " << them
+        << " sent " << describePointToPoint(theirs);
+    return out.str();
+  }
+  if (mine.collective == kAllToAll && theirs.collective == kAllToAll &&
+      mine.sequence == theirs.sequence && mine.dtype == theirs.dtype &&
+      blockCount(mine) != blockCount(theirs)) {
+    out << describeTag(mine) << ": split sizes disagree: " << me << " expects " << blockCount(mine)
+        << " element(s) from " << them << ", which sends " << blockCount(theirs);
+    return out.str();
+  }
+  out << describeTag(mine) << ": ranks disagree:";
   auto field = [&](const char* what, const std::string& a, const std::string& b) {
     if (a != b)
       out << " " << what << ": " << me << " has " << a << ", " << them << " has " << b << ";";

@@ -16,6 +16,8 @@ enum class CollectiveKind : uint8_t {
   kAllgather = 3,
   kBroadcast = 4,
   kBarrier = 5,
+  kAllToAll = 6,      // the pair's block size in step (low 32 bits) and reserved2 (high)
+  kPointToPoint = 7,  // sequence: the pair's own numbering (PointToPoint); root: the user's tag
 };
 
 std::string_view name(CollectiveKind kind);

@@ -19,6 +19,7 @@
 #include "core/collectives/tuner.h"
 #include "core/collectives/two_level.h"
 #include "core/hierarchical_allreduce.h"
+#include "core/point_to_point.h"
 #include "core/progress_publisher.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
@@ -227,12 +228,6 @@ Duration Communicator::timeoutFor(const char* collective, Timeout timeout) const
 
 namespace {
 
-std::string formatSeconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f s", seconds);
-  return text;
-}
-
 // The value of `key` if it is set, without waiting.
 std::optional<std::string> peek(Store& store, const std::string& key) {
   try {
@@ -294,6 +289,11 @@ std::string Communicator::explainLoss(const transport::MessageTag& tag, double w
 }
 
 std::string Communicator::diagnoseMissing(const transport::MessageTag& tag) {
+  if (PointToPoint::isPointToPoint(tag)) {
+    // Only the two ranks of a pair know about its messages; nothing is published.
+    return "the peer has not posted the matching send or recv (messages between two ranks "
+           "match in the order they are posted)";
+  }
   if (!store_ || !publisher_) return {};
   const double waited = std::chrono::duration<double>(Clock::now() - collective_start_).count();
   publisher_->flush();

@@ -19,6 +19,7 @@
 #include "core/collectives/tuner.h"
 #include "core/tracing/link_limit.h"
 #include "transport/message_tag.h"
+#include "transport/request.h"
 
 namespace railshard {
 
@@ -37,6 +38,7 @@ struct HostLayout;
 class CudaDeviceOps;
 }  // namespace collectives
 class HierarchicalAllreduce;
+class PointToPoint;
 class ProgressPublisher;
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
@@ -132,6 +134,38 @@ class Communicator {
     broadcast(buffer, buffer, count, dtype, root, timeout);
   }
   void barrier(Timeout timeout = kDefaultTimeout);
+
+  // --- point-to-point and all-to-all (docs/point_to_point.md) ---
+  //
+  // A message carries the caller's `tag`, its element count and dtype; the receive states the
+  // same three, and any disagreement is a MismatchError on both ranks before a byte lands.
+  // Messages between two ranks match in the order they are posted, in each direction, and
+  // share that order with the collectives: two ranks that post a message and a collective in
+  // opposite orders get a MismatchError, never mixed data. Host memory only. isend/irecv are
+  // posted from the thread that runs the collectives; wait() may be called on any thread.
+  // A peer outside the communicator or this rank itself is InvalidArgument.
+  using P2PRequest = transport::RequestPtr;
+  P2PRequest isend(const void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
+  P2PRequest irecv(void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
+  // Blocks until `request` is done: TimeoutError after `timeout` (from this call) naming the
+  // peer and the message, PeerLostError when the peer is lost.
+  void wait(const P2PRequest& request, Timeout timeout = kDefaultTimeout);
+  // A receive from whichever rank's next message to this one is the first with `tag` to
+  // arrive: waits for it (TimeoutError after `timeout`), then posts the receive from that
+  // rank and returns it with the request. The count and dtype are checked as for irecv.
+  std::pair<int, P2PRequest> irecvAny(void* data, size_t count, DataType dtype, uint32_t tag = 0,
+                                      Timeout timeout = kDefaultTimeout);
+  void send(const void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0,
+            Timeout timeout = kDefaultTimeout);
+  void recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0,
+            Timeout timeout = kDefaultTimeout);
+  // Rank r's block of send_counts[r] elements (blocks laid end to end in `send`, in rank
+  // order) goes to rank r, which receives it as block `rank()` of `recv`, recv_counts[]
+  // likewise. Each pair's sender and receiver must agree on the block's size (MismatchError
+  // naming both otherwise); the buffers must not overlap (InvalidArgument).
+  void allToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                const std::vector<size_t>& recv_counts, DataType dtype,
+                Timeout timeout = kDefaultTimeout);
 
   // Blocks until the work queued on `stream` (cudaStream_t; nullptr = the legacy default
   // stream of `device`, -1 = the current device) so far is done: TimeoutError after `timeout`
@@ -323,6 +357,8 @@ class Communicator {
   std::string key_root_;
   std::string advertise_host_;
   std::unique_ptr<ProgressPublisher> publisher_;
+  std::unique_ptr<PointToPoint> p2p_;  // made at the first message
+  PointToPoint& pointToPoint();
   bool shrunk_ = false;
   Clock::time_point collective_start_{};
   std::string aborted_;     // the reason abort() was given

@@ -28,7 +28,18 @@ sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 and dist.is_available() 
 EOF
 }
 
+# PyTorch's own distributed test base (tests/python/torch_suite.py) needs expecttest and
+# hypothesis beside torch: added to a venv that has torch but not them, without recreating it.
+extras_ok() {
+  "$venv/bin/python" -c 'import expecttest, hypothesis' >/dev/null 2>&1
+}
+add_extras() {
+  extras_ok || "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+    --quiet expecttest hypothesis >&2 || say "could not install expecttest/hypothesis"
+}
+
 if usable; then
+  add_extras
   echo "$venv"
   exit 0
 fi
@@ -66,7 +77,7 @@ if [ -n "${RAILSHARD_TORCH_INDEX_URL:-}" ]; then
 fi
 say "installing torch, numpy and pytest with pip (a large download the first time)"
 if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
-       "${index[@]}" "torch>=2" numpy pytest >&2; then
+       "${index[@]}" "torch>=2" numpy pytest expecttest hypothesis >&2; then
   say "pip install failed -- no network access to the package index?"
   say "the torch 2.x test pass needs it once (the venv is cached afterwards); set"
   say "RAILSHARD_SKIP_TORCH2=1 to skip that pass on this machine"

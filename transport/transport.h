@@ -110,6 +110,20 @@ class Transport {
 
   // The peers found or reported lost so far, first one first.
   virtual std::vector<LostPeer> lostPeers() const { return {}; }
+
+  // For a receive from any source: the first of `peers` whose next message (the one the next
+  // irecv from it would match) has begun to arrive and whose tag `accept` takes. Blocks until
+  // there is one; -1 at `deadline`; the poisoning error if any. `accept` runs under the
+  // transport's locks and must not call back into it. Transports that cannot look ahead
+  // raise InvalidArgument (the default).
+  virtual int awaitArrival(const std::vector<int>& peers,
+                           const std::function<bool(const MessageTag&)>& accept,
+                           Deadline deadline) {
+    (void)peers;
+    (void)accept;
+    (void)deadline;
+    throw InvalidArgument("the " + name() + " transport cannot receive from any source");
+  }
 };
 
 }  // namespace railshard::transport

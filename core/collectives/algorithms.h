@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "base/types.h"
 #include "core/collectives/context.h"
@@ -28,6 +29,12 @@ void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t cou
                     int root);
 // ceil(log2(size)) rounds of empty messages at distances 1, 2, 4, ...
 void disseminationBarrier(const Context& ctx);
+// Pairwise exchange: block r of `send` (send_counts[r] elements at send_displs[r]) to rank r,
+// block r of `recv` from rank r; counts checked per pair by the message tags.
+void allToAll(const Context& ctx, const void* send, const std::vector<size_t>& send_counts,
+              const std::vector<size_t>& send_displs, void* recv,
+              const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+              DataType dtype);
 
 // Elements per ring segment processed at once: bounds workspace memory (two or four
 // segments) for any message size, at the cost of a pipeline refill per slice.

@@ -37,6 +37,13 @@ std::string textOf(const std::exception& e) {
                      what + ": " + textOf(e));
 }
 
+// A zero timeout asks whether keys are there, without waiting: c10d's check() answers at once,
+// where a wait of even 1 ms is rounded up to whole seconds by torch's FileStore (the
+// who-is-missing look at a timeout then took a second per missing rank with file://).
+[[noreturn]] void notThere(const std::string& what) {
+  throw TimeoutError("c10d store: " + what + " is not set");
+}
+
 }  // namespace
 
 void C10dStore::set(const std::string& key, const Bytes& value, Duration /*timeout*/) {
@@ -51,8 +58,14 @@ void C10dStore::set(const std::string& key, const Bytes& value, Duration /*timeo
 Store::Bytes C10dStore::get(const std::string& key, Duration timeout) {
   std::lock_guard lock(mutex_);
   try {
-    store_->wait({key}, toMillis(timeout));
+    if (timeout <= Duration::zero()) {
+      if (!store_->check({key})) notThere("key '" + key + "'");
+    } else {
+      store_->wait({key}, toMillis(timeout));
+    }
     return store_->get(key);
+  } catch (const TimeoutError&) {
+    throw;
   } catch (const std::exception& e) {
     rethrowWaitFailure("key '" + key + "'", timeout, e);
   }
@@ -70,7 +83,13 @@ int64_t C10dStore::add(const std::string& key, int64_t delta, Duration /*timeout
 void C10dStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   std::lock_guard lock(mutex_);
   try {
+    if (timeout <= Duration::zero()) {
+      if (!store_->check(keys)) notThere("keys " + joinKeys(keys));
+      return;
+    }
     store_->wait(keys, toMillis(timeout));
+  } catch (const TimeoutError&) {
+    throw;
   } catch (const std::exception& e) {
     rethrowWaitFailure("keys " + joinKeys(keys), timeout, e);
   }

@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "core/dispatch/dispatcher.h"
 #include "core/dispatch/policy.h"
+#include "python/csrc/named_group.h"
 #include "python/csrc/process_group.h"
 
 namespace py = pybind11;
@@ -109,6 +110,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &railshard::python::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("world_size"), py::arg("timeout"),
         "Creates the railshard process group / backend (torch.distributed's creator).");
+#if TORCH_VERSION_MAJOR >= 2
+  m.def(
+      "create_named_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         const std::chrono::duration<float>& timeout, bool cuda) {
+        py::gil_scoped_release release;
+        return railshard::python::createNamedGroup(
+            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout),
+            cuda);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"), py::arg("cuda"),
+      "The railshard backend inside a ProcessGroup named \"railshard\" (torch 2.x creator).");
+#endif
   m.def("_shutdown_all", &railshard::python::ProcessGroupRailshard::shutdownAll,
         py::call_guard<py::gil_scoped_release>(),
         "Shuts every railshard process group of this process down (registered with atexit).");

@@ -73,24 +73,6 @@ void checkLike(const at::Tensor& tensor, const at::Tensor& reference, int64_t nu
   }
 }
 
-// A contiguous CPU tensor of `tensors` end to end, in their wire type.
-at::Tensor flatten(const std::vector<at::Tensor>& tensors, const char* collective) {
-  const at::ScalarType wire = wireType(tensors.front().scalar_type(), collective);
-  std::vector<at::Tensor> flat;
-  flat.reserve(tensors.size());
-  for (const auto& t : tensors) flat.push_back(t.reshape({-1}).to(at::kCPU, wire));
-  return at::cat(flat);
-}
-
-// Copies consecutive blocks of `flat` back into `tensors`.
-void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (auto& t : tensors) {
-    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
-  }
-}
-
 // Every live group, for shutdownAll().
 std::mutex& registryMutex() {
   static auto* mutex = new std::mutex;  // never destroyed: used from static destructors
@@ -99,15 +81,6 @@ std::mutex& registryMutex() {
 std::set<ProcessGroupRailshard*>& registry() {
   static auto* groups = new std::set<ProcessGroupRailshard*>;
   return *groups;
-}
-
-template <typename Fn>
-auto guarded(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const Error&) {
-    rethrowWithKind(std::current_exception());
-  }
 }
 
 }  // namespace
@@ -135,7 +108,7 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
 ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                              int size, std::chrono::milliseconds timeout)
     : BackendBase(rank, size) {
-  guarded([&] {
+  guardedCall([&] {
     Config config = Config::fromEnvironment();
     // torch's timeout= is the user's per-collective bound unless RAILSHARD_TIMEOUT says
     // otherwise (it is the more specific knob).
@@ -145,10 +118,12 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     timeout_ = std::chrono::duration_cast<Communicator::Timeout>(config.timeout);
     auto railshard_store = std::make_shared<C10dStore>(store);
 
+    store_ = railshard_store;
     communicator_ = launcher::formCommunicator(railshard_store, rank, size, config,
                                                size > 1 ? advertiseHost(config, store) : "");
   });
   worker_ = std::thread([this] { workerLoop(); });
+  completer_ = std::thread([this] { completerLoop(); });
   std::lock_guard lock(registryMutex());
   registry().insert(this);
 }
@@ -176,6 +151,13 @@ void ProcessGroupRailshard::shutdown() {
   PyThreadState* released =
       (Py_IsInitialized() != 0 && PyGILState_Check() != 0) ? PyEval_SaveThread() : nullptr;
   if (worker_.joinable()) worker_.join();
+  // Then the posted point-to-point transfers: each is bounded by its deadline.
+  {
+    std::lock_guard lock(mutex_);
+    completer_stopping_ = true;
+  }
+  in_flight_cv_.notify_all();
+  if (completer_.joinable()) completer_.join();
   if (released != nullptr) PyEval_RestoreThread(released);
   communicator_.reset();
 }
@@ -185,9 +167,37 @@ void ProcessGroupRailshard::shutdownAll() {
   for (ProcessGroupRailshard* group : registry()) group->shutdown();
 }
 
+namespace {
+
+// The error a Work fails with: railshard errors with their kind in front; a timeout also says
+// "Timed out waiting <deadline>ms", as torch's backends word it.
+std::exception_ptr currentWithKind(Communicator::Timeout timeout) {
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    const std::string text = e.what();
+    const std::string kind = "railshard TimeoutError: ";
+    const std::string rest = text.rfind(kind, 0) == 0 ? text.substr(kind.size()) : text;
+    return std::make_exception_ptr(TimeoutError(
+        kind + "Timed out waiting " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+        "ms: " + rest));
+  } catch (const Error&) {
+    try {
+      rethrowWithKind(std::current_exception());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
 void ProcessGroupRailshard::workerLoop() {
   for (;;) {
-    std::pair<c10::intrusive_ptr<Work>, Job> item;
+    Queued item;
     {
       std::unique_lock lock(mutex_);
       queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -197,26 +207,67 @@ void ProcessGroupRailshard::workerLoop() {
     }
     std::exception_ptr error;
     try {
-      item.second(*communicator_);
-    } catch (const Error&) {
-      try {
-        rethrowWithKind(std::current_exception());
-      } catch (...) {
-        error = std::current_exception();
-      }
+      item.job(*communicator_);
     } catch (...) {
-      error = std::current_exception();
+      error = currentWithKind(item.timeout);
     }
     if (error) {
-      item.first->fail(error);
-    } else {
-      item.first->complete();
+      item.work->fail(error);
+    } else if (!item.completes_later) {
+      item.work->complete();
     }
   }
 }
 
+void ProcessGroupRailshard::completerLoop() {
+  for (;;) {
+    InFlight item;
+    {
+      std::unique_lock lock(mutex_);
+      in_flight_cv_.wait(lock, [&] { return completer_stopping_ || !in_flight_.empty(); });
+      if (in_flight_.empty()) return;
+      item = std::move(in_flight_.front());
+      in_flight_.pop_front();
+    }
+    try {
+      communicator_->wait(item.request, item.timeout);
+      item.finish();
+      item.work->complete();
+    } catch (...) {
+      item.work->fail(currentWithKind(item.timeout));
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueuePointToPoint(
+    c10d::OpType type, std::vector<at::Tensor> outputs, Post post, std::function<void()> finish,
+    Communicator::Timeout timeout) {
+  auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
+  Job job = [this, work, post = std::move(post), finish = std::move(finish),
+             timeout](Communicator& c) {
+    Communicator::P2PRequest request = post(c, *work);
+    {
+      std::lock_guard lock(mutex_);
+      in_flight_.push_back(InFlight{work, std::move(request), finish, timeout});
+    }
+    in_flight_cv_.notify_one();
+  };
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      throw InvalidArgument(std::string("railshard ") + c10d::opTypeToString(type) +
+                            ": the process group was shut down (destroy_process_group or "
+                            "interpreter exit)");
+    }
+    queue_.push_back(Queued{work, std::move(job), timeout, /*completes_later=*/true});
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueue(c10d::OpType type,
                                                               std::vector<at::Tensor> outputs,
+                                                              Communicator::Timeout timeout,
                                                               Job job) {
   auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
   {
@@ -226,7 +277,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueue(c10d::OpType type,
                             ": the process group was shut down (destroy_process_group or "
                             "interpreter exit)");
     }
-    queue_.emplace_back(work, std::move(job));
+    queue_.push_back(Queued{work, std::move(job), timeout});
+    collectives_called_.fetch_add(1);
   }
   queue_cv_.notify_one();
   return work;
@@ -247,40 +299,42 @@ int ProcessGroupRailshard::checkRoot(int64_t root, const char* collective) const
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(tensors, "broadcast");
     const int root = checkRoot(opts.rootRank, "broadcast");
     auto buffer = std::make_shared<Staged>(tensors[0], "broadcast", getRank() == root);
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::BROADCAST, tensors, [buffer, root, timeout](Communicator& c) {
-      buffer->ready(timeout);
-      c.broadcast(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), root,
-                  buffer->placement(), timeout);
-      buffer->finish(&c, timeout);
-    });
+    return enqueue(c10d::OpType::BROADCAST, tensors, timeout,
+                   [buffer, root, timeout](Communicator& c) {
+                     buffer->ready(timeout);
+                     c.broadcast(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(),
+                                 root, buffer->placement(), timeout);
+                     buffer->finish(&c, timeout);
+                   });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(tensors, "allreduce");
     const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce");
     auto buffer = std::make_shared<Staged>(tensors[0], "allreduce");
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::ALLREDUCE, tensors, [buffer, op, timeout](Communicator& c) {
-      buffer->ready(timeout);
-      c.allreduce(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(), op,
-                  buffer->placement(), timeout);
-      buffer->finish(&c, timeout);
-    });
+    return enqueue(c10d::OpType::ALLREDUCE, tensors, timeout,
+                   [buffer, op, timeout](Communicator& c) {
+                     buffer->ready(timeout);
+                     c.allreduce(buffer->data(), buffer->data(), buffer->count(), buffer->dtype(),
+                                 op, buffer->placement(), timeout);
+                     buffer->finish(&c, timeout);
+                   });
   });
 }
 
 // One all-reduce over the tensors laid end to end: DDP-style buckets in one collective.
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     if (tensors.empty()) throw InvalidArgument("railshard allreduce_coalesced: no tensors");
     for (const auto& t : tensors) {
       if (t.scalar_type() != tensors.front().scalar_type()) {
@@ -289,14 +343,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce_coalesced(
       }
     }
     const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
-    auto flat = std::make_shared<at::Tensor>(flatten(tensors, "allreduce_coalesced"));
+    auto flat = std::make_shared<at::Tensor>(flattenTensors(tensors, "allreduce_coalesced"));
     const DataType dtype = *nativeType(flat->scalar_type());
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors,
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, timeout,
                    [flat, tensors, dtype, op, timeout](Communicator& c) mutable {
                      c.allreduce(flat->data_ptr(), static_cast<size_t>(flat->numel()), dtype, op,
                                  timeout);
-                     unflatten(*flat, tensors);
+                     unflattenTensors(*flat, tensors);
                    });
   });
 }
@@ -304,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce_coalesced(
 // An all-reduce whose result only the root keeps (non-roots' tensors are left unchanged).
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::ReduceOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(tensors, "reduce");
     const int root = checkRoot(opts.rootRank, "reduce");
     const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "reduce");
@@ -314,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce(std::vector<at::Ten
     const bool is_root = getRank() == root;
     const auto timeout = deadline(opts.timeout);
     at::Tensor target = tensors[0];
-    return enqueue(c10d::OpType::REDUCE, tensors,
+    return enqueue(c10d::OpType::REDUCE, tensors, timeout,
                    [scratch, target, is_root, op, timeout](Communicator& c) mutable {
                      c.allreduce(scratch->data_ptr(), static_cast<size_t>(scratch->numel()),
                                  *nativeType(scratch->scalar_type()), op, timeout);
@@ -326,7 +380,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce(std::vector<at::Ten
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(inputs, "allgather");
     if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
       throw InvalidArgument("railshard allgather: needs one list of " + std::to_string(getSize()) +
@@ -341,26 +395,74 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather(
         at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
     std::vector<at::Tensor> targets = outputs[0];
     const auto timeout = deadline(opts.timeout);
-    return enqueue(
-        c10d::OpType::ALLGATHER, targets, [send, recv, targets, timeout](Communicator& c) mutable {
-          c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(), timeout);
-          unflatten(*recv, targets);
-        });
+    return enqueue(c10d::OpType::ALLGATHER, targets, timeout,
+                   [send, recv, targets, timeout](Communicator& c) mutable {
+                     c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(),
+                                 timeout);
+                     unflattenTensors(*recv, targets);
+                   });
+  });
+}
+
+// One all-gather of every input end to end; rank r's part is cut back into output_lists[r].
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return guardedCall([&] {
+    if (inputs.empty()) throw InvalidArgument("railshard allgather_coalesced: no input tensors");
+    if (static_cast<int>(output_lists.size()) != getSize()) {
+      throw InvalidArgument("railshard allgather_coalesced: needs one output list per rank (" +
+                            std::to_string(getSize()) + "), got " +
+                            std::to_string(output_lists.size()));
+    }
+    int64_t total = 0;
+    for (const auto& input : inputs) {
+      checkLike(input, inputs.front(), input.numel(), "allgather_coalesced", "an input");
+      total += input.numel();
+    }
+    for (auto& list : output_lists) {
+      if (list.size() != inputs.size()) {
+        throw InvalidArgument("railshard allgather_coalesced: an output list has " +
+                              std::to_string(list.size()) + " tensors, the inputs " +
+                              std::to_string(inputs.size()));
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        checkLike(list[i], inputs[i], inputs[i].numel(), "allgather_coalesced", "an output");
+      }
+    }
+    auto send = std::make_shared<at::Tensor>(flattenTensors(inputs, "allgather_coalesced"));
+    auto recv = std::make_shared<at::Tensor>(at::empty({getSize() * total}, send->options()));
+    const DataType dtype = *nativeType(send->scalar_type());
+    const auto timeout = deadline(opts.timeout);
+    std::vector<at::Tensor> flat_outputs;
+    for (const auto& list : output_lists)
+      flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+    auto lists = output_lists;
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, flat_outputs, timeout,
+                   [send, recv, lists, total, dtype, timeout](Communicator& c) mutable {
+                     c.allgather(send->data_ptr(), recv->data_ptr(), static_cast<size_t>(total),
+                                 dtype, timeout);
+                     for (size_t r = 0; r < lists.size(); ++r) {
+                       unflattenTensors(recv->narrow(0, static_cast<int64_t>(r) * total, total),
+                                        lists[r]);
+                     }
+                   });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkLike(output, input, getSize() * input.numel(), "allgather_into_tensor", "the output");
     auto send = std::make_shared<Staged>(input, "allgather_into_tensor", true, /*device_ok=*/false);
     auto recv = std::make_shared<Staged>(output, "allgather_into_tensor", /*copy_in=*/false,
                                          /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [send, recv, timeout](Communicator& c) {
-      c.allgather(send->data(), recv->data(), send->count(), send->dtype(), timeout);
-      recv->finish();
-    });
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, timeout,
+                   [send, recv, timeout](Communicator& c) {
+                     c.allgather(send->data(), recv->data(), send->count(), send->dtype(), timeout);
+                     recv->finish();
+                   });
   });
 }
 
@@ -368,7 +470,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_allgather_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(inputs, "gather");
     const int root = checkRoot(opts.rootRank, "gather");
     const bool is_root = getRank() == root;
@@ -388,11 +490,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
     auto recv = std::make_shared<at::Tensor>(
         at::empty({getSize() * input.numel()}, at::TensorOptions().dtype(wire)));
     const auto timeout = deadline(opts.timeout);
-    return enqueue(
-        c10d::OpType::GATHER, targets, [send, recv, targets, timeout](Communicator& c) mutable {
-          c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(), timeout);
-          if (!targets.empty()) unflatten(*recv, targets);
-        });
+    return enqueue(c10d::OpType::GATHER, targets, timeout,
+                   [send, recv, targets, timeout](Communicator& c) mutable {
+                     c.allgather(send->data(), recv->data_ptr(), send->count(), send->dtype(),
+                                 timeout);
+                     if (!targets.empty()) unflattenTensors(*recv, targets);
+                   });
   });
 }
 
@@ -401,7 +504,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(outputs, "scatter");
     const int root = checkRoot(opts.rootRank, "scatter");
     const at::Tensor& output = outputs[0];
@@ -413,7 +516,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::scatter(
                               std::to_string(getSize()) + " input tensors");
       }
       for (const auto& in : inputs[0]) checkLike(in, output, output.numel(), "scatter", "an input");
-      all = std::make_shared<at::Tensor>(flatten(inputs[0], "scatter"));
+      all = std::make_shared<at::Tensor>(flattenTensors(inputs[0], "scatter"));
     } else {
       all = std::make_shared<at::Tensor>(
           at::empty({getSize() * output.numel()}, at::TensorOptions().dtype(wire)));
@@ -422,7 +525,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::scatter(
     const auto timeout = deadline(opts.timeout);
     at::Tensor target = output;
     return enqueue(
-        c10d::OpType::SCATTER, outputs,
+        c10d::OpType::SCATTER, outputs, timeout,
         [all, target, root, rank, timeout](Communicator& c) mutable {
           c.broadcast(all->data_ptr(), static_cast<size_t>(all->numel()),
                       *nativeType(all->scalar_type()), root, timeout);
@@ -434,7 +537,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkOne(outputs, "reduce_scatter");
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
       throw InvalidArgument("railshard reduce_scatter: needs one list of " +
@@ -445,11 +548,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
       checkLike(in, output, output.numel(), "reduce_scatter", "an input");
     }
     const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter");
-    auto send = std::make_shared<at::Tensor>(flatten(inputs[0], "reduce_scatter"));
+    auto send = std::make_shared<at::Tensor>(flattenTensors(inputs[0], "reduce_scatter"));
     auto recv = std::make_shared<Staged>(output, "reduce_scatter", /*copy_in=*/false,
                                          /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::REDUCE_SCATTER, outputs,
+    return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, timeout,
                    [send, recv, op, timeout](Communicator& c) {
                      c.reduceScatter(send->data_ptr(), recv->data(), recv->count(), recv->dtype(),
                                      op, timeout);
@@ -460,25 +563,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     checkLike(input, output, getSize() * output.numel(), "reduce_scatter_tensor", "the input");
     const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor");
     auto send = std::make_shared<Staged>(input, "reduce_scatter_tensor", true, /*device_ok=*/false);
     auto recv = std::make_shared<Staged>(output, "reduce_scatter_tensor", /*copy_in=*/false,
                                          /*device_ok=*/false);
     const auto timeout = deadline(opts.timeout);
-    return enqueue(
-        c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [send, recv, op, timeout](Communicator& c) {
-          c.reduceScatter(send->data(), recv->data(), recv->count(), recv->dtype(), op, timeout);
-          recv->finish();
-        });
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, timeout,
+                   [send, recv, op, timeout](Communicator& c) {
+                     c.reduceScatter(send->data(), recv->data(), recv->count(), recv->dtype(), op,
+                                     timeout);
+                     recv->finish();
+                   });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::barrier(const c10d::BarrierOptions& opts) {
-  return guarded([&] {
+  return guardedCall([&] {
     const auto timeout = deadline(opts.timeout);
-    return enqueue(c10d::OpType::BARRIER, {}, [timeout](Communicator& c) { c.barrier(timeout); });
+    return enqueue(c10d::OpType::BARRIER, {}, timeout,
+                   [timeout](Communicator& c) { c.barrier(timeout); });
   });
 }
 

@@ -10,13 +10,19 @@
 #include <thread>
 #include <vector>
 
+#include <atomic>
+
 #include <ATen/ATen.h>
 
+#include "base/error.h"
 #include "core/communicator.h"
 #include "python/csrc/torch_compat.h"
 #include "python/csrc/work.h"
 
 namespace railshard::python {
+
+// For the Python module: the same errors, with "railshard <Kind>: " in front of the message.
+[[noreturn]] void rethrowWithKind(std::exception_ptr error);
 
 // The torch.distributed backend "railshard": a c10d ProcessGroup (torch 1.13) or Backend
 // (torch 2.x) over one railshard Communicator.
@@ -65,6 +71,43 @@ class ProcessGroupRailshard : public BackendBase {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // One all-gather of the inputs laid end to end, cut back into each rank's list.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+
+  // Point-to-point (process_group_p2p.cc): the worker posts each send or receive in call
+  // order, between the collectives, without waiting; a second thread waits for the transfer
+  // and completes the Work, so a receive never holds up the queue behind it (batch_isend_irecv
+  // posts both directions before it waits on either).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+  // Waits on the worker until some rank's next message to this one carries `tag`, so later
+  // calls of this group wait behind it; the Work's source rank names that rank.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  // all_to_all_single (even or uneven splits) and all_to_all over lists of tensors.
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+
+  // Rank 0 waits (at most the timeout) until every rank has arrived, then releases them; it
+  // names the first rank that did not arrive ("Rank 1 failed to pass monitoredBarrier in 100
+  // ms"), or every such rank with wait_all_ranks; a rank not released in time says so ("Rank 2
+  // timed out in monitoredBarrier"). Through the store, not the communicator, so a failure
+  // leaves the group usable, as with gloo. Wording as torch's gloo backend has it.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // Collectives called on this group so far (point-to-point excluded: only two ranks take
+  // part), the same on every rank in step; numbering starts at 0 on every rank, so there is
+  // nothing to agree on at creation.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return collectives_called_.load(); }
 
   // Runs what is queued, stops the worker and closes the communicator; later collectives
   // raise InvalidArgument. Idempotent. torch 2.x calls it from destroy_process_group().
@@ -82,25 +125,62 @@ class ProcessGroupRailshard : public BackendBase {
 
  private:
   using Job = std::function<void(Communicator&)>;
+  // `timeout` is the job's deadline, named in its TimeoutError the way torch's own backends
+  // word it ("Timed out waiting 1000ms"), which torch's tests and handlers look for.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                         Job job);
+                                         Communicator::Timeout timeout, Job job);
   void workerLoop();
+  // Posts through the worker; the completer waits (bounded by `timeout`), runs `finish` (copy
+  // the received data out) and completes the Work.
+  using Post = std::function<Communicator::P2PRequest(Communicator&, Work&)>;
+  c10::intrusive_ptr<c10d::Work> enqueuePointToPoint(c10d::OpType type,
+                                                     std::vector<at::Tensor> outputs, Post post,
+                                                     std::function<void()> finish,
+                                                     Communicator::Timeout timeout);
+  void completerLoop();
   // The per-call deadline: the option's when set, else the group's.
   Communicator::Timeout deadline(std::chrono::milliseconds option) const;
   int checkRoot(int64_t root, const char* collective) const;
 
   std::unique_ptr<Communicator> communicator_;
+  std::shared_ptr<Store> store_;  // the c10d store torch rendezvoused with
+  uint64_t monitored_barriers_ = 0;
   Communicator::Timeout timeout_;
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;
-  std::deque<std::pair<c10::intrusive_ptr<Work>, Job>> queue_;
+  struct Queued {
+    c10::intrusive_ptr<Work> work;
+    Job job;
+    Communicator::Timeout timeout;
+    bool completes_later = false;  // point-to-point: the completer completes the Work
+  };
+  std::deque<Queued> queue_;
   bool stopping_ = false;
   bool shut_down_ = false;
   std::thread worker_;
+  std::atomic<uint64_t> collectives_called_{0};
+
+  struct InFlight {
+    c10::intrusive_ptr<Work> work;
+    Communicator::P2PRequest request;
+    std::function<void()> finish;
+    Communicator::Timeout timeout;
+  };
+  std::condition_variable in_flight_cv_;
+  std::deque<InFlight> in_flight_;  // posted, not yet completed; guarded by mutex_
+  bool completer_stopping_ = false;
+  std::thread completer_;
 };
 
-// For the Python module: the same errors, with "railshard <Kind>: " in front of the message.
-[[noreturn]] void rethrowWithKind(std::exception_ptr error);
+// Runs `fn`; railshard errors leave it with their kind in front (rethrowWithKind).
+template <typename Fn>
+auto guardedCall(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    rethrowWithKind(std::current_exception());
+  }
+}
 
 }  // namespace railshard::python

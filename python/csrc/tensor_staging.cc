@@ -139,8 +139,9 @@ void Staged::ready(std::chrono::milliseconds timeout) {
 void Staged::finish(Communicator* comm, std::chrono::milliseconds timeout) {
   if (onDevice()) {
     if (comm == nullptr) {
-      throw InvalidArgument("railshard: internal error: a device buffer finished without its "
-                            "communicator");
+      throw InvalidArgument(
+          "railshard: internal error: a device buffer finished without its "
+          "communicator");
     }
     comm->waitForDevice(nullptr, device_, timeout);
   } else if (staged_) {
@@ -152,6 +153,24 @@ std::string describe(const at::Tensor& tensor) {
   std::ostringstream out;
   out << c10::toString(tensor.scalar_type()) << tensor.sizes() << " on " << tensor.device();
   return out.str();
+}
+
+// A contiguous CPU tensor of `tensors` end to end, in their wire type.
+at::Tensor flattenTensors(const std::vector<at::Tensor>& tensors, const char* collective) {
+  const at::ScalarType wire = wireType(tensors.front().scalar_type(), collective);
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}).to(at::kCPU, wire));
+  return at::cat(flat);
+}
+
+// Copies consecutive blocks of `flat` back into `tensors`.
+void unflattenTensors(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
 }
 
 }  // namespace railshard::python

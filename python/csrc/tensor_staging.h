@@ -71,6 +71,12 @@ class Staged {
 // (CUDA compiled in and a device visible to it).
 bool deviceCollectivesAvailable();
 
+// A contiguous CPU tensor of `tensors` end to end, in their wire type (`collective` names the
+// call in the error for a dtype without one).
+at::Tensor flattenTensors(const std::vector<at::Tensor>& tensors, const char* collective);
+// Copies consecutive blocks of `flat` back into `tensors` (their shapes and dtypes).
+void unflattenTensors(const at::Tensor& flat, std::vector<at::Tensor>& tensors);
+
 // "float32[1000] on cpu" for error messages.
 std::string describe(const at::Tensor& tensor);
 

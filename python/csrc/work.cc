@@ -46,6 +46,14 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+int Work::sourceRank() const {
+  const int rank = source_rank_.load();
+  if (rank < 0) {
+    throw InvalidArgument("railshard: this work is not a receive, it has no source rank");
+  }
+  return rank;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
   return future_;
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -26,6 +27,10 @@ class Work : public c10d::Work {
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // The rank a receive got its message from (torch's Work._source_rank()); InvalidArgument
+  // for other work.
+  int sourceRank() const override;
+  void setSourceRank(int rank) { source_rank_.store(rank); }
 
   // Called once by the worker.
   void complete();
@@ -38,6 +43,7 @@ class Work : public c10d::Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::atomic<int> source_rank_{-1};
 };
 
 }  // namespace railshard::python

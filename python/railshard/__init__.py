@@ -52,6 +52,12 @@ def _torch_major_minor():
 
 
 def _create(store, rank, world_size, timeout):
+    # torch 2.x: a ProcessGroup that names itself "railshard" (DDP's logging asks it), except
+    # under TORCH_DISTRIBUTED_DEBUG=DETAIL, whose checking wrapper torch only puts around a
+    # bare backend (the group then reports "custom").
+    if hasattr(_C, "create_named_group") and dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        return _C.create_named_group(store, rank, world_size, timeout,
+                                     bool(torch.version.cuda))
     return _C.create_backend(store, rank, world_size, timeout)
 
 

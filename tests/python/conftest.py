@@ -208,9 +208,10 @@ class Ctx:
 
 
 class _ChildOptions:
-    def __init__(self, port, backend, timeout, shutdown, init_timeout, gloo_group, deadline):
+    def __init__(self, init_method, backend, timeout, shutdown, init_timeout, gloo_group,
+                 deadline):
         self.deadline = deadline
-        self.port = port
+        self.init_method = init_method
         self.backend = backend
         self.timeout = timeout
         self.shutdown = shutdown
@@ -230,7 +231,7 @@ def _child_main(fn, args, rank, world_size, opts, conn):
         if opts.backend == "railshard":
             importlib.import_module("railshard")
         dist.init_process_group(
-            opts.backend, init_method=f"tcp://127.0.0.1:{opts.port}", rank=rank,
+            opts.backend, init_method=opts.init_method, rank=rank,
             world_size=world_size, timeout=datetime.timedelta(seconds=opts.init_timeout))
         gloo = dist.new_group(backend="gloo") if opts.gloo_group else None
         ctx = Ctx(rank, world_size, opts.backend, gloo, conn, opts.deadline)
@@ -259,7 +260,7 @@ class WorldError(AssertionError):
 
 def run_world(fn, world_size, *args, timeout=120, stall_timeout=None, exit_timeout=30,
               env=None, backend=None, expect_dead=(), shutdown="destroy", init_timeout=60,
-              gloo_group=True, _retries=1):
+              gloo_group=True, rendezvous="tcp", _retries=1):
     """Runs fn(ctx, *args) on `world_size` spawned ranks; returns their results by rank.
 
     timeout: seconds for the whole world; stall_timeout: seconds a rank may go without a
@@ -270,12 +271,20 @@ def run_world(fn, world_size, *args, timeout=120, stall_timeout=None, exit_timeo
     expect_dead: ranks allowed to end without a result (a test that kills them).
     shutdown: "destroy" (destroy_process_group, then exit), "exit" (plain interpreter exit
     with the group alive) or "abort" (os._exit right after reporting).
+    rendezvous: "tcp" (tcp://127.0.0.1:<port>) or "file" (file:// in a fresh temporary
+    directory: torch's FileStore).
     """
     backend = backend or BACKEND
     port = free_port()
     begin = time.monotonic()
     deadline = begin + timeout
-    opts = _ChildOptions(port, backend, timeout, shutdown, init_timeout, gloo_group, deadline)
+    if rendezvous == "file":
+        import tempfile
+        init_method = f"file://{tempfile.mkdtemp(prefix='rs-rdzv-')}/store"
+    else:
+        init_method = f"tcp://127.0.0.1:{port}"
+    opts = _ChildOptions(init_method, backend, timeout, shutdown, init_timeout, gloo_group,
+                         deadline)
     mp_ctx = multiprocessing.get_context("spawn")
     procs, conns = [], []
     saved = dict(os.environ)
@@ -362,7 +371,7 @@ def run_world(fn, world_size, *args, timeout=120, stall_timeout=None, exit_timeo
         return run_world(fn, world_size, *args, timeout=timeout, stall_timeout=stall_timeout,
                          exit_timeout=exit_timeout, env=env, backend=backend,
                          expect_dead=expect_dead, shutdown=shutdown, init_timeout=init_timeout,
-                         gloo_group=gloo_group, _retries=_retries - 1)
+                         gloo_group=gloo_group, rendezvous=rendezvous, _retries=_retries - 1)
 
     problems = []
     for rank in range(world_size):

@@ -6,7 +6,9 @@ Bounds: RAILSHARD_TIMEOUT is set far above the bound each test asserts (60 s vs 
 only real failure detection -- not the collective deadline -- can make a test pass.
 """
 
+import datetime
 import os
+import re
 import signal
 import threading
 import time
@@ -263,6 +265,9 @@ def test_timeout_when_a_rank_never_arrives():
     assert first["raised"], f"rank 0 waited {first['s']:.1f} s and returned"
     assert timeout_s - 0.5 < first["s"] < timeout_s + 5, f"rank 0 raised after {first['s']:.1f} s"
     assert "TimeoutError" in first["message"], first["message"]
+    # Worded as torch's own backends do, which torch's tests and handlers match.
+    assert "railshard TimeoutError: Timed out waiting 4000ms: " in first["message"], first
+    assert re.search(" (Timed out|closed|timeout) ", first["message"]), first["message"]
     assert first["is_runtime_error"], first
     assert late["raised"], "the late rank's call succeeded after its peer timed out"
     assert late["s"] < 5, f"the late rank's call took {late['s']:.1f} s to raise"
@@ -304,3 +309,87 @@ def test_shutdown_with_work_in_flight(how):
     the only references to its tensors must not hang (e.g. on the GIL)."""
     conftest.run_world(_destroy_in_flight, 2, how, env={"RAILSHARD_TIMEOUT": "20"},
                        timeout=50, exit_timeout=20, shutdown="exit")
+
+
+# ---------------------------------------------------------------------------------------------
+# a timeout is on time with torch's FileStore too
+
+
+def _two_missing(ctx):
+    if ctx.rank != 0:
+        time.sleep(8)  # past rank 0's deadline
+        return None
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except Exception as e:  # noqa: BLE001
+        return {"s": time.monotonic() - t0, "message": str(e)}
+    return {"s": time.monotonic() - t0, "message": None}
+
+
+@pytest.mark.railshard_only
+def test_timeout_with_a_file_rendezvous_is_on_time_whatever_the_missing_ranks():
+    """The who-is-missing look at a timeout asks the store without waiting: with file:// a
+    wait of any length is rounded up to whole seconds by torch's FileStore, which made each
+    timeout about a second late per missing rank."""
+    conftest.skip_unless_railshard()
+    got = conftest.run_world(_two_missing, 3, env={"RAILSHARD_TIMEOUT": "2"}, timeout=90,
+                             rendezvous="file", shutdown="abort")
+    first = got[0]
+    assert first["message"] is not None, first
+    assert "TimeoutError" in first["message"] and "ranks 1,2 never entered" in first["message"], \
+        first["message"]
+    assert 1.9 < first["s"] < 2.6, f"timed out after {first['s']:.2f} s, deadline 2 s"
+
+
+# ---------------------------------------------------------------------------------------------
+# monitored_barrier (torch 2.x lets any CPU backend have one; 1.13 only gloo)
+
+
+def _monitored(ctx, absent, wait_all):
+    if ctx.rank in absent:
+        time.sleep(3)
+        return None
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=wait_all)
+    except Exception as e:  # noqa: BLE001
+        # torch's tests catch RuntimeError (railshard.TimeoutError is one).
+        return f"{'RuntimeError' if isinstance(e, RuntimeError) else type(e).__name__}: {e}"
+    return "passed"
+
+
+def _monitored_all_arrive(ctx):
+    for _ in range(3):
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=20))
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the group is still the one the collectives use
+    return t.tolist()
+
+
+def _monitored_zero(ctx):
+    if ctx.rank != 0:
+        return None
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=0))
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return "passed"
+
+
+@pytest.mark.railshard_only
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive():
+    conftest.skip_unless_railshard()
+    if int(torch.__version__.split(".")[0]) < 2:
+        pytest.skip("torch 1.13's monitored_barrier accepts the gloo backend only")
+    got = conftest.run_world(_monitored_all_arrive, 3, timeout=60)
+    assert got == [[3.0] * 4] * 3, got
+    got = conftest.run_world(_monitored, 3, [2], False, timeout=60)
+    assert "RuntimeError" in got[0] and "Rank 2 failed to pass monitoredBarrier in 1000 ms" in \
+        got[0], got[0]
+    assert "Rank 1 timed out in monitoredBarrier" in got[1], got[1]
+    got = conftest.run_world(_monitored, 3, [1, 2], True, timeout=60)
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" in got[0], got[0]
+    got = conftest.run_world(_monitored, 3, [1, 2], False, timeout=60)
+    assert "Rank 1 failed to pass monitoredBarrier" in got[0], got[0]
+    got = conftest.run_world(_monitored_zero, 2, timeout=60)
+    assert "Rank 0 timed out in monitoredBarrier" in got[0], got[0]

@@ -65,6 +65,11 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void checkHealthy() const override;
   std::vector<RailStatus> rails() const override;
   std::vector<LostPeer> lostPeers() const override { return control_->lostPeers(); }
+  // Peers on RDMA are looked at in this transport's books, the others in control_'s; polled
+  // (a receive from any source is rare, and no arrival here wakes a sleeper).
+  int awaitArrival(const std::vector<int>& peers,
+                   const std::function<bool(const MessageTag&)>& accept,
+                   Deadline deadline) override;
   void enterCollective(const MessageTag& tag) override;
   void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override;
   void setFailureListener(std::function<void(ErrorKind, const std::string&)> listener) override;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "base/error.h"
 #include "transport/ibverbs/ibverbs_transport_internal.h"
@@ -58,6 +59,38 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   raisePendingFailure();
   if (poisoned_.load()) checkHealthy();  // a failure while posting is raised here, as over TCP
   return op;
+}
+
+int IbverbsTransport::awaitArrival(const std::vector<int>& peers,
+                                   const std::function<bool(const MessageTag&)>& accept,
+                                   Deadline deadline) {
+  std::vector<int> over_tcp;
+  std::vector<int> over_rdma;
+  for (int r : peers) {
+    if (r < 0 || r >= options_.size || r == options_.rank) {
+      throw InvalidArgument("awaitArrival: bad peer rank " + std::to_string(r));
+    }
+    (peers_[static_cast<size_t>(r)] == nullptr ? over_tcp : over_rdma).push_back(r);
+  }
+  if (over_rdma.empty()) return control_->awaitArrival(over_tcp, accept, deadline);
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    checkHealthy();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int r : over_rdma) {
+        const MessageTag* tag = peers_[static_cast<size_t>(r)]->book.nextArrivedTag();
+        if (tag != nullptr && accept(*tag)) return r;
+      }
+    }
+    if (!over_tcp.empty()) {
+      const int found = control_->awaitArrival(over_tcp, accept, Clock::now());
+      if (found >= 0) return found;
+    }
+    if (Clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, const MessageTag& tag) {

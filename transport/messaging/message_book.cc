@@ -63,6 +63,11 @@ bool MessageBook::nextArrived() const {
   return incoming_.count(next_recv_) != 0;
 }
 
+const MessageTag* MessageBook::nextArrivedTag() const {
+  auto it = incoming_.find(next_recv_);
+  return it == incoming_.end() ? nullptr : &it->second->tag;
+}
+
 MessageBook::Arrival MessageBook::arrive(const PieceInfo& piece,
                                          const UnsolicitedCheck& unsolicited) {
   Arrival result;

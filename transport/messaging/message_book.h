@@ -89,6 +89,9 @@ class MessageBook {
   Posted post(RequestPtr request, void* data, uint64_t bytes, const MessageTag& tag);
   // Whether the next receive would find its message (or its first piece) already here.
   bool nextArrived() const;
+  // That message's tag, or null while it has not begun to arrive (a receive from any source
+  // reads it to choose the peer).
+  const MessageTag* nextArrivedTag() const;
   uint64_t received() const { return next_recv_; }
 
   // A piece arrives; `unsolicited` says whether a message nobody asked for yet is of another

@@ -83,6 +83,9 @@ class TcpTransport : public Transport, public messaging::PieceLink {
   void checkHealthy() const override;
   std::vector<RailStatus> rails() const override;
   std::vector<LostPeer> lostPeers() const override;
+  int awaitArrival(const std::vector<int>& peers,
+                   const std::function<bool(const MessageTag&)>& accept,
+                   Deadline deadline) override;
   void enterCollective(const MessageTag& tag) override;
   void setTimeoutExplainer(std::function<std::string(const MessageTag&)> explain) override {
     timeout_explainer_ = std::move(explain);
@@ -219,6 +222,9 @@ class TcpTransport : public Transport, public messaging::PieceLink {
   mutable std::mutex state_mutex_;
   std::condition_variable state_changed_;
   std::atomic<int> waiters_{0};
+  // Early messages begun so far (their first piece came before any receive): wakes
+  // awaitArrival() without a lost wake-up (it waits for the count to move).
+  std::atomic<uint64_t> arrivals_{0};
   bool failing_ = false;             // guarded by state_mutex_: the first fail() wins
   std::thread::id failing_thread_;   // guarded by state_mutex_: the one that won
   std::atomic<bool> failed_{false};  // published once user memory is detached

@@ -160,6 +160,7 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
       break;
     case FrameKind::kData: {
       std::optional<messaging::Problem> problem;
+      bool early = false;  // nobody asked for it yet: a receive from any source may want it
       {
         std::lock_guard<std::mutex> lock(peer.mutex);
         messaging::MessageBook::Arrival arrival = peer.book.arrive(
@@ -167,6 +168,7 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
                                  header.payload_bytes},
             [&](const MessageTag& theirs) { return current_.unsolicited(peer.rank, theirs); });
         if (arrival.entry) {
+          early = arrival.entry->request == nullptr;
           channel.target = arrival.entry->base() + header.offset;
           channel.target_in = std::move(arrival.entry);
         } else {
@@ -182,6 +184,13 @@ void TcpTransport::onHeader(Peer& peer, Channel& channel) {
         // The payload has nowhere safe to go; after fail() the reader drops it.
         fail(makeError(problem->kind, problem->text), true);
         return;
+      }
+      if (early) {
+        arrivals_.fetch_add(1);
+        if (waiters_.load() > 0) {
+          { std::lock_guard<std::mutex> lock(state_mutex_); }
+          state_changed_.notify_all();
+        }
       }
       break;
     }
@@ -264,6 +273,36 @@ void TcpTransport::onAck(Peer& peer, Channel& channel, uint64_t consumed, uint64
   if (idle) {
     channel.busy = false;
     channel.sample_open = false;
+  }
+}
+
+// A receive from any source looks ahead in the books: the first listed peer whose next message
+// has begun to arrive with a tag `accept` takes; woken by each early message's first piece.
+int TcpTransport::awaitArrival(const std::vector<int>& peers,
+                               const std::function<bool(const MessageTag&)>& accept,
+                               Deadline deadline) {
+  for (int r : peers) {
+    if (r < 0 || r >= options_.size || r == options_.rank) {
+      throw InvalidArgument("awaitArrival: bad peer rank " + std::to_string(r));
+    }
+  }
+  for (;;) {
+    const uint64_t seen = arrivals_.load();
+    if (failed_.load()) rethrowAfterQuiesce();
+    for (int r : peers) {
+      Peer& peer = *peers_[static_cast<size_t>(r)];
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      const MessageTag* tag = peer.book.nextArrivedTag();
+      if (tag != nullptr && accept(*tag)) return r;
+    }
+    if (Clock::now() >= deadline) return -1;
+    waiters_.fetch_add(1);
+    {
+      std::unique_lock<std::mutex> lock(state_mutex_);
+      state_changed_.wait_until(lock, deadline,
+                                [&] { return arrivals_.load() != seen || failed_.load(); });
+    }
+    waiters_.fetch_sub(1);
   }
 }
 
