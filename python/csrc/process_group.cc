@@ -55,14 +55,6 @@ std::string advertiseHost(const Config& config, const c10::intrusive_ptr<c10d::S
   return launcher::advertiseAddress(config.socket_ifname, host);
 }
 
-void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
-  if (tensors.size() != 1) {
-    throw InvalidArgument(std::string("railshard ") + collective +
-                          ": takes exactly one tensor per rank, got " +
-                          std::to_string(tensors.size()));
-  }
-}
-
 // Same dtype and element count as `reference`, else InvalidArgument naming both.
 void checkLike(const at::Tensor& tensor, const at::Tensor& reference, int64_t numel,
                const char* collective, const char* what) {

@@ -8,13 +8,6 @@
 namespace railshard::python {
 namespace {
 
-void checkOneTensor(const std::vector<at::Tensor>& tensors, const char* what) {
-  if (tensors.size() != 1) {
-    throw InvalidArgument(std::string("railshard ") + what + ": takes exactly one tensor, got " +
-                          std::to_string(tensors.size()));
-  }
-}
-
 // torch's tags are ints; railshard's travel as 32 bits in the message header.
 uint32_t wireTag(int tag) {
   return static_cast<uint32_t>(tag);
@@ -64,7 +57,7 @@ std::vector<size_t> elementCounts(const at::Tensor& tensor, const std::vector<in
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::send(std::vector<at::Tensor>& tensors,
                                                            int dst_rank, int tag) {
   return guardedCall([&] {
-    checkOneTensor(tensors, "send");
+    checkOne(tensors, "send");
     auto buffer = std::make_shared<Staged>(tensors[0], "send", true, /*device_ok=*/false);
     const auto timeout = timeout_;
     return enqueuePointToPoint(
@@ -79,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::send(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::recv(std::vector<at::Tensor>& tensors,
                                                            int src_rank, int tag) {
   return guardedCall([&] {
-    checkOneTensor(tensors, "recv");
+    checkOne(tensors, "recv");
     auto buffer = std::make_shared<Staged>(tensors[0], "recv", false, /*device_ok=*/false);
     const auto timeout = timeout_;
     return enqueuePointToPoint(
@@ -95,7 +88,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::recv(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::recvAnysource(
     std::vector<at::Tensor>& tensors, int tag) {
   return guardedCall([&] {
-    checkOneTensor(tensors, "recv");
+    checkOne(tensors, "recv");
     auto buffer = std::make_shared<Staged>(tensors[0], "recv", false, /*device_ok=*/false);
     const auto timeout = timeout_;
     return enqueuePointToPoint(

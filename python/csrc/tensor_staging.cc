@@ -173,4 +173,12 @@ void unflattenTensors(const at::Tensor& flat, std::vector<at::Tensor>& tensors) 
   }
 }
 
+void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
+  if (tensors.size() != 1) {
+    throw InvalidArgument(std::string("railshard ") + collective +
+                          ": takes exactly one tensor per rank, got " +
+                          std::to_string(tensors.size()));
+  }
+}
+
 }  // namespace railshard::python

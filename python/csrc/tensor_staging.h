@@ -71,6 +71,9 @@ class Staged {
 // (CUDA compiled in and a device visible to it).
 bool deviceCollectivesAvailable();
 
+// InvalidArgument unless `tensors` holds exactly one tensor (`collective` names the call).
+void checkOne(const std::vector<at::Tensor>& tensors, const char* collective);
+
 // A contiguous CPU tensor of `tensors` end to end, in their wire type (`collective` names the
 // call in the error for a dtype without one).
 at::Tensor flattenTensors(const std::vector<at::Tensor>& tensors, const char* collective);
