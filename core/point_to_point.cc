@@ -33,7 +33,7 @@ transport::MessageTag PointToPoint::makeTag(uint64_t number, size_t count, DataT
                             ReduceOp::kSum, count, tag);
 }
 
-void PointToPoint::checkPeer(const char* what, int peer) const {
+void PointToPoint::check(const char* what, const void* data, size_t count, int peer) const {
   if (peer < 0 || peer >= size_) {
     throw InvalidArgument(std::string("railshard ") + what + ": peer " + std::to_string(peer) +
                           " is not a rank of this communicator (size " + std::to_string(size_) +
@@ -43,15 +43,15 @@ void PointToPoint::checkPeer(const char* what, int peer) const {
     throw InvalidArgument(std::string("railshard ") + what + ": peer " + std::to_string(peer) +
                           " is this rank itself (" + what + " needs another rank)");
   }
+  if (data == nullptr && count > 0) {
+    throw InvalidArgument(std::string("railshard ") + what + ": buffer is null for " +
+                          std::to_string(count) + " element(s)");
+  }
 }
 
 transport::RequestPtr PointToPoint::isend(const void* data, size_t count, DataType dtype, int peer,
                                           uint32_t tag) {
-  checkPeer("send", peer);
-  if (data == nullptr && count > 0) {
-    throw InvalidArgument("railshard send: buffer is null for " + std::to_string(count) +
-                          " element(s)");
-  }
+  check("send", data, count, peer);
   const auto message = makeTag(sent_[static_cast<size_t>(peer)], count, dtype, tag);
   auto request = transport_.isend(peer, data, count * sizeOf(dtype), message);
   ++sent_[static_cast<size_t>(peer)];
@@ -60,11 +60,7 @@ transport::RequestPtr PointToPoint::isend(const void* data, size_t count, DataTy
 
 transport::RequestPtr PointToPoint::irecv(void* data, size_t count, DataType dtype, int peer,
                                           uint32_t tag) {
-  checkPeer("recv", peer);
-  if (data == nullptr && count > 0) {
-    throw InvalidArgument("railshard recv: buffer is null for " + std::to_string(count) +
-                          " element(s)");
-  }
+  check("recv", data, count, peer);
   const auto message = makeTag(received_[static_cast<size_t>(peer)], count, dtype, tag);
   auto request = transport_.irecv(peer, data, count * sizeOf(dtype), message);
   ++received_[static_cast<size_t>(peer)];

@@ -37,7 +37,8 @@ class PointToPoint {
   static transport::MessageTag makeTag(uint64_t number, size_t count, DataType dtype, uint32_t tag);
 
  private:
-  void checkPeer(const char* what, int peer) const;
+  // The InvalidArguments above.
+  void check(const char* what, const void* data, size_t count, int peer) const;
 
   transport::Transport& transport_;
   int rank_;
