@@ -185,6 +185,14 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.shm_slot_bytes = v == "auto" ? 0 : parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},
+      {"RAILSHARD_P2P_SHM", "1",
+       "1: point-to-point messages (send/recv) between ranks of one host go through shared "
+       "memory, a large one read straight from the sender's buffer (process_vm_readv, checked "
+       "at start-up; pairs where it is refused use the transports). 0: over the transports "
+       "(loopback TCP).",
+       [](Config& c, const std::string& v) {
+         c.p2p_shm = parseInteger("RAILSHARD_P2P_SHM", v, 0, 1) == 1;
+       }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
        "before it sleeps in the kernel. Sleeping is cheap for the CPU but a wake-up can cost "
@@ -405,10 +413,10 @@ std::string Config::describe() const {
       << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
-      << " shm_slot_bytes=" << shm_slot_bytes << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca)
-      << " ib_gid_index=" << ib_gid_index << " ib_timeout=" << ib_timeout
-      << " ib_retry_cnt=" << ib_retry_cnt << " ib_slots=" << ib_slots
-      << " ib_slot_bytes=" << ib_slot_bytes
+      << " shm_slot_bytes=" << shm_slot_bytes << " p2p_shm=" << p2p_shm
+      << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
+      << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
+      << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

@@ -55,6 +55,7 @@ struct Config {
   std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
   NcclMode nccl = NcclMode::kAuto;   // RAILSHARD_NCCL
   size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  bool p2p_shm = true;               // RAILSHARD_P2P_SHM: same-host messages through shared memory
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here

@@ -21,6 +21,7 @@
 #include "core/hierarchical_allreduce.h"
 #include "core/point_to_point.h"
 #include "core/progress_publisher.h"
+#include "core/shm_messages.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
 #include "transport/ibverbs/ibverbs_factory.h"
@@ -398,10 +399,11 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
   if (metrics_) countCollective(collectiveName(tag), algorithm, bytes, waited());
 }
 
-void Communicator::runOverTransport(const transport::MessageTag& tag, Duration timeout,
-                                    size_t bytes, const char* algorithm,
-                                    const std::function<void(const collectives::Context&)>& fn) {
-  run(tag, timeout, bytes, algorithm, fn, true);
+void Communicator::runOutOfLine(const transport::MessageTag& tag, Duration timeout, size_t bytes,
+                                const char* algorithm,
+                                const std::function<void(const collectives::Context&)>& fn,
+                                bool over_transport) {
+  run(tag, timeout, bytes, algorithm, fn, over_transport);
 }
 
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,

@@ -39,6 +39,7 @@ class CudaDeviceOps;
 }  // namespace collectives
 class HierarchicalAllreduce;
 class PointToPoint;
+class ShmMessages;
 class ProgressPublisher;
 
 // A group of ranks that run collectives together. Collectives are blocking and must be called
@@ -240,6 +241,8 @@ class Communicator {
   // Start-up measurements (collectives/link_probe.h): the host's ranks time hand-offs through
   // `engine`, its leader a copy and the kernel, and publishes them; then every rank takes the
   // slowest host's figures.
+  // This host's point-to-point messages through `engine`'s segment (shm_messages_).
+  void setUpMessages(collectives::ShmEngine& engine, int local_rank);
   void measureHost(Store& store, const std::string& key_prefix, collectives::ShmEngine& engine,
                    int leader);
   void agreeOnMeasuredLinks(Store& store, const std::string& key_prefix);
@@ -272,10 +275,12 @@ class Communicator {
   template <typename Fn>
   void run(const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
            Fn&& fn, bool over_transport = false);
-  // run() for core/communicator_device.cc, which cannot see run's definition.
-  void runOverTransport(const transport::MessageTag& tag, Duration timeout, size_t bytes,
-                        const char* algorithm,
-                        const std::function<void(const collectives::Context&)>& fn);
+  // run() for the files that cannot see its definition (core/communicator_device.cc,
+  // core/communicator_p2p.cc).
+  void runOutOfLine(const transport::MessageTag& tag, Duration timeout, size_t bytes,
+                    const char* algorithm,
+                    const std::function<void(const collectives::Context&)>& fn,
+                    bool over_transport);
 
   // --- device buffers (core/communicator_device.cc, docs/gpu.md) ---
   // True when the call's buffers are device memory (placement.memory, or asked of CUDA for
@@ -339,6 +344,8 @@ class Communicator {
   // link between hosts as the tuner models it.
   std::unique_ptr<collectives::HostLayout> layout_;
   std::unique_ptr<collectives::ShmEngine> host_shm_;  // null on a rank alone on its host
+  // Point-to-point messages through that host's segment (after the engines: goes first).
+  std::unique_ptr<ShmMessages> shm_messages_;
   bool two_level_ = false;      // every host with several ranks has its segment (all ranks agree)
   size_t host_slot_bytes_ = 0;  // the smallest of those segments' slots
   collectives::LinkModel network_{0, 0};

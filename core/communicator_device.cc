@@ -150,8 +150,9 @@ void Communicator::runStaged(
   collectives::CudaDeviceOps& ops = deviceOps(device);
   ops.begin(stream);
   try {
-    runOverTransport(tag, timeout, bytes, algorithm,
-                     [&](const collectives::Context& context) { fn(context, ops); });
+    runOutOfLine(
+        tag, timeout, bytes, algorithm,
+        [&](const collectives::Context& context) { fn(context, ops); }, true);
   } catch (...) {
     try {
       ops.end(stream);

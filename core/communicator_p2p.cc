@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
+#include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
 #include "core/point_to_point.h"
 
@@ -19,7 +20,10 @@ const char* kindOf(const transport::RequestPtr& request) {
 }  // namespace
 
 PointToPoint& Communicator::pointToPoint() {
-  if (!p2p_) p2p_ = std::make_unique<PointToPoint>(*transport_, rank_, size_);
+  if (!p2p_) {
+    p2p_ = std::make_unique<PointToPoint>(*transport_, rank_, size_, shm_messages_.get(),
+                                          std::chrono::duration_cast<Duration>(config_.timeout));
+  }
   return *p2p_;
 }
 
@@ -45,7 +49,7 @@ void Communicator::wait(const P2PRequest& request, Timeout timeout) {
   const Duration deadline = timeoutFor(what, timeout);
   const Clock::time_point start = Clock::now();
   try {
-    transport_->wait(request, deadlineAfter(deadline));
+    pointToPoint().wait(request, deadlineAfter(deadline));
   } catch (const TimeoutError& e) {
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     throw TimeoutError(
@@ -70,12 +74,7 @@ std::pair<int, Communicator::P2PRequest> Communicator::irecvAny(void* data, size
   }
   const Duration deadline = timeoutFor("recv", timeout);
   const Clock::time_point start = Clock::now();
-  const int peer = transport_->awaitArrival(
-      peers,
-      [tag](const transport::MessageTag& next) {
-        return PointToPoint::isPointToPoint(next) && next.root == tag;
-      },
-      start + deadline);
+  const int peer = pointToPoint().awaitArrival(peers, tag, start + deadline);
   if (peer < 0) {
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     throw TimeoutError("rank " + std::to_string(rank_) + ": recv from any rank (tag " +
@@ -142,11 +141,25 @@ void Communicator::allToAll(const void* send, const std::vector<size_t>& send_co
     if (send_total > 0) std::memcpy(recv, send, send_total * element);
     return;
   }
-  runOverTransport(tag, deadline, send_total * element, "pairwise",
-                   [&](const collectives::Context& context) {
-                     collectives::allToAll(context, send, send_counts, send_displs, recv,
-                                           recv_counts, recv_displs, dtype);
-                   });
+  // One host: through its shared-memory segment (two copies per byte, no sockets). Several
+  // hosts: pairwise over the transports (same-host pairs of a multi-host job included).
+  if (shm_) {
+    runOutOfLine(
+        tag, deadline, send_total * element, "shm",
+        [&](const collectives::Context&) {
+          shm_->allToAll(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype,
+                         tag);
+        },
+        false);
+    return;
+  }
+  runOutOfLine(
+      tag, deadline, send_total * element, "pairwise",
+      [&](const collectives::Context& context) {
+        collectives::allToAll(context, send, send_counts, send_displs, recv, recv_counts,
+                              recv_displs, dtype);
+      },
+      true);
 }
 
 }  // namespace railshard

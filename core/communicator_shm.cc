@@ -13,6 +13,7 @@
 #include "core/collectives/link_probe.h"
 #include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
+#include "core/shm_messages.h"
 #include "core/topology/topology.h"
 #include "transport/shm/host_identity.h"
 #include "transport/shm/shm_segment.h"
@@ -105,6 +106,7 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
         std::min<size_t>(host_slot_bytes_, std::stoull(published.substr(published.find('|') + 1)));
   }
   if (!two_level_) {
+    shm_messages_.reset();  // it uses the segment
     host_shm_.reset();
     RS_LOG_WARN("rank {}: a host could not map shared memory; all-reduces run flat over tcp",
                 rank_);
@@ -162,11 +164,49 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       std::chrono::duration_cast<Duration>(config_.timeout),
       std::chrono::duration_cast<Duration>(config_.spin), mine);
   measureHost(store, key_prefix, *engine, leader);
+  setUpMessages(*engine, local_rank);
   if (layout_->hostCount() == 1) {
     shm_ = std::move(engine);
   } else {
     host_shm_ = std::move(engine);
   }
+}
+
+void Communicator::setUpMessages(collectives::ShmEngine& engine, int local_rank) {
+  // Every rank of the host finds out whose memory it can read (cross-memory attach may be
+  // refused: ptrace permissions, a container's seccomp profile) and publishes it in the
+  // segment; a pair's messages go through shared memory only where its receiver can read its
+  // sender, and both ranks read the same bit, so they always agree on the path.
+  transport::MessageTag tag;
+  tag.collective = static_cast<uint8_t>(CollectiveKind::kBarrier);
+  tag.sequence = ~uint64_t{0};  // set-up's own steps, as in measureHost
+  ShmMessages::publishProbe(engine.segment(), local_rank);
+  engine.barrier(tag);
+  ShmMessages::checkReadable(engine.segment(), local_rank, config_.p2p_shm);
+  engine.barrier(tag);
+  ShmMessages::Options options;
+  options.segment = &engine.segment();
+  options.local_rank = local_rank;
+  options.local_of.assign(static_cast<size_t>(size_), -1);
+  const int my_host = layout_->host_of[static_cast<size_t>(rank_)];
+  for (int r = 0; r < size_; ++r) {
+    if (layout_->host_of[static_cast<size_t>(r)] == my_host) {
+      options.local_of[static_cast<size_t>(r)] = layout_->local_rank_of[static_cast<size_t>(r)];
+    }
+  }
+  options.spin = std::chrono::duration_cast<Duration>(config_.spin);
+  transport::Transport* transport = transport_.get();
+  options.health_check = [transport] { transport->checkHealthy(); };
+  options.fail = [transport](ErrorKind kind, const std::string& message) {
+    transport->abort(makeError(kind, message), /*tell_peers=*/true);
+  };
+  shm_messages_ = std::make_unique<ShmMessages>(std::move(options));
+  int readable = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && shm_messages_->carries(r, rank_)) ++readable;
+  }
+  RS_LOG_DEBUG("rank {}: messages from {} same-host rank(s) through shared memory", rank_,
+               readable);
 }
 
 void Communicator::measureHost(Store& store, const std::string& key_prefix,

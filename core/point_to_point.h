@@ -4,12 +4,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/request.h"
 #include "transport/transport.h"
 
 namespace railshard {
+
+class ShmMessages;
 
 // Point-to-point messages of one communicator (docs/point_to_point.md): sends and receives
 // with a caller's tag, numbered per pair and direction apart from the collectives, so that
@@ -23,13 +26,21 @@ namespace railshard {
 // time, like the collectives; waiting may happen on any thread.
 class PointToPoint {
  public:
-  PointToPoint(transport::Transport& transport, int rank, int size);
+  // `shm`: same-host pairs go through it where it carries them (null: all over the
+  // transport). `post_timeout` bounds a send's wait for a free shared-memory entry.
+  PointToPoint(transport::Transport& transport, int rank, int size, ShmMessages* shm = nullptr,
+               Duration post_timeout = std::chrono::seconds(300));
 
   // InvalidArgument for a peer outside 0..size-1 or this rank itself, and for a null buffer
   // with count > 0 (named `what`: "send", "recv").
   transport::RequestPtr isend(const void* data, size_t count, DataType dtype, int peer,
                               uint32_t tag);
   transport::RequestPtr irecv(void* data, size_t count, DataType dtype, int peer, uint32_t tag);
+  // Waits for a request of isend/irecv, over whichever path carries it.
+  void wait(const transport::RequestPtr& request, Deadline deadline);
+  // The first of `peers` whose next message to this rank has begun to arrive with the caller's
+  // `tag`, or -1 at the deadline.
+  int awaitArrival(const std::vector<int>& peers, uint32_t tag, Deadline deadline);
 
   // True for the tags isend/irecv make (their sequence is of a space of its own).
   static bool isPointToPoint(const transport::MessageTag& tag);
@@ -43,6 +54,8 @@ class PointToPoint {
   transport::Transport& transport_;
   int rank_;
   int size_;
+  ShmMessages* shm_;
+  Duration post_timeout_;
   std::vector<uint64_t> sent_;      // messages posted to each peer so far
   std::vector<uint64_t> received_;  // receives posted from each peer so far
 };

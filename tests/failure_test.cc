@@ -17,28 +17,11 @@ namespace {
 const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
-// Starts `size` ranks of collective_check with `args` and RAILSHARD_* variables (rank 0 hosts
-// the store), plus `env`; returns each rank's result.
+// Starts `size` ranks of collective_check with `args` (rank 0 hosts the store), plus `env`.
 std::vector<test::ProcessResult> runRanksByHand(int size, const std::vector<std::string>& args,
                                                 const std::map<std::string, std::string>& env,
                                                 std::chrono::seconds limit) {
-  const std::string addr = "127.0.0.1:" + std::to_string(test::freePort());
-  std::vector<test::ProcessResult> results(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      std::map<std::string, std::string> rank_env = env;
-      rank_env["RAILSHARD_RANK"] = std::to_string(rank);
-      rank_env["RAILSHARD_WORLD_SIZE"] = std::to_string(size);
-      rank_env["RAILSHARD_STORE_ADDR"] = addr;
-      rank_env["RAILSHARD_TOKEN"] = "failure-test";
-      std::vector<std::string> argv = {kCheck};
-      argv.insert(argv.end(), args.begin(), args.end());
-      results[static_cast<size_t>(rank)] = test::runProcess(argv, rank_env, limit);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+  return test::runRanksByHand(kCheck, size, args, env, limit, "failure-test");
 }
 
 // The "failed after waiting X s" / "timed out after X s" figure of an error message.

@@ -22,7 +22,8 @@ namespace {
 std::vector<std::exception_ptr> withRanks(
     int size, const std::function<void(Communicator&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(60),
-    TransportKind transport = TransportKind::kAuto) {
+    TransportKind transport = TransportKind::kAuto, size_t shm_slot_bytes = 0,
+    bool p2p_shm = true) {
   MemoryStore store;
   return test::runRanks(size, [&](int rank) {
     Communicator::Options options;
@@ -31,6 +32,8 @@ std::vector<std::exception_ptr> withRanks(
     options.config.timeout = timeout;
     options.config.connect_timeout = std::chrono::seconds(30);
     options.config.transport = transport;
+    options.config.shm_slot_bytes = shm_slot_bytes;
+    options.config.p2p_shm = p2p_shm;
     auto comm = Communicator::create(store, options);
     body(*comm);
   });
@@ -285,10 +288,13 @@ TEST(PointToPoint, ReceiveFromAnySourceTakesTheFirstArrivalWithTheTag) {
 
 // Rank r sends (r + 2 d) % 5 elements to rank d (empty blocks included); every block checked
 // against the sender's pattern. Flat over TCP, and on hosts with several ranks each.
-void checkAllToAll(Communicator& comm, int k) {
+// Blocks of (from * 3 + to * 2) % 5 * unit elements: uneven, some empty.
+void checkAllToAll(Communicator& comm, int k, size_t unit = 37) {
   const int n = comm.size();
   const int me = comm.rank();
-  auto block = [](int from, int to) { return static_cast<size_t>((from * 3 + to * 2) % 5) * 37; };
+  auto block = [unit](int from, int to) {
+    return static_cast<size_t>((from * 3 + to * 2) % 5) * unit;
+  };
   std::vector<size_t> send_counts(static_cast<size_t>(n));
   std::vector<size_t> recv_counts(static_cast<size_t>(n));
   std::vector<uint8_t> send;
@@ -325,24 +331,71 @@ TEST(AllToAll, UnevenBlocksArriveExactlyFlatAndOnHosts) {
   }
 }
 
+// One host's all-to-all runs in its shared-memory segment: each rank reads its blocks straight
+// out of the others' send buffers (cross-memory reads, one copy), or -- where set-up found
+// them refused, as RAILSHARD_P2P_SHM=0 makes it -- through the slots, blocks of up to 160 KB
+// in 64 KiB slots taking several piece steps (a region of slot/3 per destination). Both, and
+// the pairwise exchange over TCP (RAILSHARD_TRANSPORT=tcp), deliver every block exactly.
+TEST(AllToAll, BlocksArriveExactlyByCrossMemoryReadThroughSlotsAndOverTcp) {
+  struct Path {
+    const char* name;
+    TransportKind transport;
+    bool cross_memory;
+  };
+  for (const Path& path :
+       {Path{"cross-memory", TransportKind::kShm, true}, Path{"slots", TransportKind::kShm, false},
+        Path{"tcp", TransportKind::kTcp, true}}) {
+    SCOPED_TRACE(path.name);
+    test::rethrowFirst(withRanks(
+        3,
+        [&](Communicator& comm) {
+          for (int k = 0; k < 2; ++k) checkAllToAll(comm, k, 10007);
+          // Bytes counted: none of the blocks crossed a socket in shared memory; over TCP at
+          // least this rank's blocks to the others did.
+          uint64_t sent = 0;
+          for (const auto& rail : comm.transport().rails()) sent += rail.bytes_sent;
+          uint64_t blocks = 0;
+          for (int d = 0; d < comm.size(); ++d) {
+            if (d != comm.rank()) blocks += 2 * ((comm.rank() * 3 + d * 2) % 5) * 10007 * 4;
+          }
+          if (path.transport == TransportKind::kShm) {
+            EXPECT_EQ(sent, 0u);
+          } else {
+            EXPECT_GE(sent, blocks);
+          }
+        },
+        std::chrono::seconds(60), path.transport, size_t{64} << 10, path.cross_memory));
+  }
+}
+
 TEST(AllToAll, SplitDisagreementIsAMismatchAndBadArgumentsAreRefused) {
-  auto errors = withRanks(2, [&](Communicator& comm) {
-    // Rank 0 expects 2 elements from rank 1, which sends 3.
-    std::vector<float> send(4, 1.0f);
-    std::vector<float> recv(4, 0.0f);
-    if (comm.rank() == 0) {
-      comm.allToAll(send.data(), {1, 1}, recv.data(), {1, 2}, DataType::kFloat32);
-    } else {
-      comm.allToAll(send.data(), {3, 1}, recv.data(), {1, 1}, DataType::kFloat32);
+  for (TransportKind transport : {TransportKind::kShm, TransportKind::kTcp}) {
+    SCOPED_TRACE(transport == TransportKind::kShm ? "shm" : "tcp");
+    auto errors = withRanks(
+        2,
+        [&](Communicator& comm) {
+          // Rank 0 expects 2 elements from rank 1, which sends 3.
+          std::vector<float> send(4, 1.0f);
+          std::vector<float> recv(4, 0.0f);
+          if (comm.rank() == 0) {
+            comm.allToAll(send.data(), {1, 1}, recv.data(), {1, 2}, DataType::kFloat32);
+          } else {
+            comm.allToAll(send.data(), {3, 1}, recv.data(), {1, 1}, DataType::kFloat32);
+          }
+          comm.barrier();
+        },
+        std::chrono::seconds(60), transport);
+    const std::string text = messageOf<MismatchError>(errors[0]);
+    EXPECT_NE(text.find("all_to_all #0 (float, block of 2): split sizes disagree: rank 0 "
+                        "expects 2 element(s) from rank 1, which sends 3"),
+              std::string::npos)
+        << text;
+    ASSERT_TRUE(errors[1]);
+    // In shared memory every rank sees every rank's split sizes and names the same pair.
+    if (transport == TransportKind::kShm) {
+      EXPECT_EQ(messageOf<MismatchError>(errors[1]), text);
     }
-    comm.barrier();
-  });
-  const std::string text = messageOf<MismatchError>(errors[0]);
-  EXPECT_NE(text.find("all_to_all #0 (float, block of 2): split sizes disagree: rank 0 "
-                      "expects 2 element(s) from rank 1, which sends 3"),
-            std::string::npos)
-      << text;
-  EXPECT_TRUE(errors[1]);
+  }
 
   test::rethrowFirst(withRanks(2, [&](Communicator& comm) {
     std::vector<float> buffer(8, 0.0f);

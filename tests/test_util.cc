@@ -149,4 +149,28 @@ std::vector<std::vector<std::string>> perfTableRows(const std::string& out, size
   return rows;
 }
 
+std::vector<ProcessResult> runRanksByHand(const std::string& program, int size,
+                                          const std::vector<std::string>& args,
+                                          const std::map<std::string, std::string>& env,
+                                          std::chrono::milliseconds limit,
+                                          const std::string& token) {
+  const std::string addr = "127.0.0.1:" + std::to_string(freePort());
+  std::vector<ProcessResult> results(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::map<std::string, std::string> rank_env = env;
+      rank_env["RAILSHARD_RANK"] = std::to_string(rank);
+      rank_env["RAILSHARD_WORLD_SIZE"] = std::to_string(size);
+      rank_env["RAILSHARD_STORE_ADDR"] = addr;
+      rank_env["RAILSHARD_TOKEN"] = token;
+      std::vector<std::string> argv = {program};
+      argv.insert(argv.end(), args.begin(), args.end());
+      results[static_cast<size_t>(rank)] = runProcess(argv, rank_env, limit);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 }  // namespace railshard::test

@@ -23,6 +23,15 @@ ProcessResult runProcess(const std::vector<std::string>& argv,
                          const std::map<std::string, std::string>& extra_env = {},
                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+// Starts `size` ranks of `program` with `args` and RAILSHARD_RANK/WORLD_SIZE/STORE_ADDR/TOKEN
+// set (rank 0 hosts the store), plus `env`, each as its own process; returns each rank's
+// result, by rank.
+std::vector<ProcessResult> runRanksByHand(const std::string& program, int size,
+                                          const std::vector<std::string>& args,
+                                          const std::map<std::string, std::string>& env,
+                                          std::chrono::milliseconds limit,
+                                          const std::string& token = "test");
+
 // Runs fn(rank) on `size` threads and joins them; element r is rank r's exception (or null).
 std::vector<std::exception_ptr> runRanks(int size, const std::function<void(int rank)>& fn);
 

@@ -57,9 +57,19 @@ class ShmEngine {
                        DataType dtype, const transport::MessageTag& tag);
   void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                  const transport::MessageTag& tag);
+  // Block d of `send` (send_counts[d] elements from send_displs[d]) goes to rank d; block s of
+  // `recv` (recv_counts[s] at recv_displs[s]) comes from rank s. Every rank first publishes its
+  // split sizes, so a disagreement is a MismatchError on every rank before a block moves
+  // (shm_all_to_all.cc). send and recv must not overlap.
+  void allToAll(const void* send, const std::vector<size_t>& send_counts,
+                const std::vector<size_t>& send_displs, void* recv,
+                const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+                DataType dtype, const transport::MessageTag& tag);
   void barrier(const transport::MessageTag& tag);
 
   size_t slotBytes() const { return segment_->slotBytes(); }
+  // The segment, for the host's point-to-point messages (core/shm_messages.h).
+  transport::shm::ShmSegment& segment() { return *segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Deadline of every wait from now on (a per-call override of Config::timeout).
@@ -77,6 +87,8 @@ class ShmEngine {
 
  private:
   std::vector<size_t> uniformBlocks(size_t block) const;
+  // Every rank of the segment can read every other's memory (RankControl::readable_mask).
+  bool everyoneReadsEveryone() const;
   int nameOf(int rank) const { return names_.empty() ? rank : names_[static_cast<size_t>(rank)]; }
   void beginStep(const transport::MessageTag& tag);
   void publishPosted();

@@ -187,46 +187,73 @@ std::exception_ptr currentWithKind(Communicator::Timeout timeout) {
 
 }  // namespace
 
+void ProcessGroupRailshard::runJob(Queued& item) {
+  std::exception_ptr error;
+  try {
+    item.job(*communicator_);
+  } catch (...) {
+    error = currentWithKind(item.timeout);
+  }
+  if (error) {
+    item.work->fail(error);
+  } else if (!item.completes_later) {
+    item.work->complete();
+  }
+}
+
 void ProcessGroupRailshard::workerLoop() {
   for (;;) {
     Queued item;
     {
       std::unique_lock lock(mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queue_cv_.wait(lock, [&] {
+        return (stopping_ && queue_.empty() && !running_) || (!queue_.empty() && !running_);
+      });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    std::exception_ptr error;
-    try {
-      item.job(*communicator_);
-    } catch (...) {
-      error = currentWithKind(item.timeout);
-    }
-    if (error) {
-      item.work->fail(error);
-    } else if (!item.completes_later) {
-      item.work->complete();
+    runJob(item);
+    {
+      std::lock_guard lock(mutex_);
+      running_ = false;
     }
   }
 }
+
+namespace {
+constexpr auto kCompleterPoll = std::chrono::milliseconds(5);
+}  // namespace
 
 void ProcessGroupRailshard::completerLoop() {
   for (;;) {
     InFlight item;
     {
       std::unique_lock lock(mutex_);
-      in_flight_cv_.wait(lock, [&] { return completer_stopping_ || !in_flight_.empty(); });
+      // Posts do not wake this thread (a wake-up per message would put a third runnable
+      // thread beside the two of a ping-pong on a 2-core host): it looks every few
+      // milliseconds, which is how late a transfer nobody waits for completes at worst.
+      while (!completer_stopping_ && in_flight_.empty()) {
+        in_flight_cv_.wait_for(lock, kCompleterPoll);
+      }
       if (in_flight_.empty()) return;
       item = std::move(in_flight_.front());
       in_flight_.pop_front();
     }
+    // Usually the caller waits on the Work right away (dist.send/recv do) and completes it on
+    // its own thread: give it a moment before polling the transfer here too, which would only
+    // compete with it for the cores.
+    if (!item.claimed->load()) item.work->waitDone(std::chrono::microseconds(500));
+    if (item.claimed->load()) continue;  // a caller in Work.wait() completes it
     try {
       communicator_->wait(item.request, item.timeout);
-      item.finish();
-      item.work->complete();
+      if (!item.claimed->exchange(true)) {
+        item.finish();
+        item.work->complete();
+      }
     } catch (...) {
-      item.work->fail(currentWithKind(item.timeout));
+      if (!item.claimed->exchange(true)) item.work->fail(currentWithKind(item.timeout));
     }
   }
 }
@@ -238,12 +265,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueuePointToPoint(
   Job job = [this, work, post = std::move(post), finish = std::move(finish),
              timeout](Communicator& c) {
     Communicator::P2PRequest request = post(c, *work);
-    {
-      std::lock_guard lock(mutex_);
-      in_flight_.push_back(InFlight{work, std::move(request), finish, timeout});
-    }
-    in_flight_cv_.notify_one();
+    auto claimed = std::make_shared<std::atomic<bool>>(false);
+    // A caller waiting on the Work waits for the transfer on its own thread. The raw pointer:
+    // the Work owns this function (no reference cycle), and runs it only from its own wait().
+    Work* raw = work.get();
+    work->setDriver([this, raw, request, finish, timeout, claimed] {
+      if (claimed->exchange(true)) return;
+      try {
+        communicator_->wait(request, timeout);
+        finish();
+        raw->complete();
+      } catch (...) {
+        raw->fail(currentWithKind(timeout));
+      }
+    });
+    std::lock_guard lock(mutex_);
+    in_flight_.push_back(InFlight{work, std::move(request), finish, timeout, claimed});
   };
+  Queued item{work, std::move(job), timeout, /*completes_later=*/true};
+  bool here = false;
   {
     std::lock_guard lock(mutex_);
     if (stopping_) {
@@ -251,9 +291,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueuePointToPoint(
                             ": the process group was shut down (destroy_process_group or "
                             "interpreter exit)");
     }
-    queue_.push_back(Queued{work, std::move(job), timeout, /*completes_later=*/true});
+    here = queue_.empty() && !running_;
+    if (here) {
+      running_ = true;  // the worker waits until this post is done
+    } else {
+      queue_.push_back(std::move(item));
+    }
   }
-  queue_cv_.notify_one();
+  bool queued = !here;
+  if (here) {
+    runJob(item);
+    std::lock_guard lock(mutex_);
+    running_ = false;
+    queued = !queue_.empty();  // jobs that came in meanwhile wait for the worker
+  }
+  if (queued) queue_cv_.notify_one();
   return work;
 }
 
@@ -570,6 +622,76 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_reduce_scatter_base(
                    });
   });
 }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+namespace {
+
+void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                const char* collective) {
+  if (outputs.size() != inputs.size()) {
+    throw InvalidArgument(std::string("railshard ") + collective + ": " +
+                          std::to_string(outputs.size()) + " outputs for " +
+                          std::to_string(inputs.size()) + " inputs");
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return guardedCall([&] {
+    const char* name = "allgather_into_tensor_coalesced";
+    checkPairs(outputs, inputs, name);
+    std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkLike(outputs[i], inputs[i], getSize() * inputs[i].numel(), name, "an output");
+      pairs.emplace_back(std::make_shared<Staged>(inputs[i], name, true, /*device_ok=*/false),
+                         std::make_shared<Staged>(outputs[i], name, /*copy_in=*/false,
+                                                  /*device_ok=*/false));
+    }
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, outputs, timeout,
+                   [pairs, timeout](Communicator& c) {
+                     for (const auto& [send, recv] : pairs) {
+                       c.allgather(send->data(), recv->data(), send->count(), send->dtype(),
+                                   timeout);
+                       recv->finish();
+                     }
+                   });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return guardedCall([&] {
+    const char* name = "reduce_scatter_tensor_coalesced";
+    checkPairs(outputs, inputs, name);
+    struct Pair {
+      std::shared_ptr<Staged> send, recv;
+      ReduceOp op;
+    };
+    std::vector<Pair> pairs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkLike(inputs[i], outputs[i], getSize() * outputs[i].numel(), name, "an input");
+      pairs.push_back(
+          Pair{std::make_shared<Staged>(inputs[i], name, true, /*device_ok=*/false),
+               std::make_shared<Staged>(outputs[i], name, /*copy_in=*/false, /*device_ok=*/false),
+               reduceOpFor(opts.reduceOp, outputs[i].scalar_type(), name)});
+    }
+    const auto timeout = deadline(opts.timeout);
+    return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, timeout,
+                   [pairs, timeout](Communicator& c) {
+                     for (const auto& p : pairs) {
+                       c.reduceScatter(p.send->data(), p.recv->data(), p.recv->count(),
+                                       p.recv->dtype(), p.op, timeout);
+                       p.recv->finish();
+                     }
+                   });
+  });
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::barrier(const c10d::BarrierOptions& opts) {
   return guardedCall([&] {

@@ -71,6 +71,19 @@ class ProcessGroupRailshard : public BackendBase {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  // all_gather_into_tensor / reduce_scatter_tensor of each (output, input) pair in turn, as
+  // one Work. torch's functional collectives (_c10d_functional: DTensor's redistribute and
+  // full_tensor(), FSDP2 state dicts) reach the backend only through these, even for one
+  // tensor; without them they fail with "Backend railshard does not support
+  // all_gather_single_coalesced" (reduce_scatter_single_coalesced).
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+#endif
   // One all-gather of the inputs laid end to end, cut back into each rank's list.
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
@@ -107,7 +120,9 @@ class ProcessGroupRailshard : public BackendBase {
   // part), the same on every rank in step; numbering starts at 0 on every rank, so there is
   // nothing to agree on at creation.
   void setSequenceNumberForGroup() override {}
-  uint64_t getSequenceNumberForGroup() override { return collectives_called_.load(); }
+  uint64_t getSequenceNumberForGroup() override {
+    return collectives_called_.load();
+  }
 
   // Runs what is queued, stops the worker and closes the communicator; later collectives
   // raise InvalidArgument. Idempotent. torch 2.x calls it from destroy_process_group().
@@ -130,8 +145,11 @@ class ProcessGroupRailshard : public BackendBase {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          Communicator::Timeout timeout, Job job);
   void workerLoop();
-  // Posts through the worker; the completer waits (bounded by `timeout`), runs `finish` (copy
-  // the received data out) and completes the Work.
+  // Posts on the calling thread when the worker is idle with nothing queued (else through the
+  // worker, in order with the collectives); the completer waits (bounded by `timeout`), runs
+  // `finish` (copy the received data out) and completes the Work -- unless a thread in
+  // Work.wait() claimed it first and did that itself (one thread hand-off less each way:
+  // latency of small messages).
   using Post = std::function<Communicator::P2PRequest(Communicator&, Work&)>;
   c10::intrusive_ptr<c10d::Work> enqueuePointToPoint(c10d::OpType type,
                                                      std::vector<at::Tensor> outputs, Post post,
@@ -156,6 +174,10 @@ class ProcessGroupRailshard : public BackendBase {
     bool completes_later = false;  // point-to-point: the completer completes the Work
   };
   std::deque<Queued> queue_;
+  bool running_ = false;  // a job runs (on the worker, or a post on its caller's thread)
+  // Runs a job as the worker does (fails the Work on error, completes it unless it completes
+  // later).
+  void runJob(Queued& item);
   bool stopping_ = false;
   bool shut_down_ = false;
   std::thread worker_;
@@ -166,6 +188,8 @@ class ProcessGroupRailshard : public BackendBase {
     Communicator::P2PRequest request;
     std::function<void()> finish;
     Communicator::Timeout timeout;
+    // Whoever sets it first (the completer, or a caller in Work.wait()) completes the Work.
+    std::shared_ptr<std::atomic<bool>> claimed;
   };
   std::condition_variable in_flight_cv_;
   std::deque<InFlight> in_flight_;  // posted, not yet completed; guarded by mutex_

@@ -32,7 +32,24 @@ std::vector<at::Tensor> Work::result() {
   return outputs_;
 }
 
+void Work::setDriver(std::function<void()> driver) {
+  std::lock_guard lock(mutex_);
+  driver_ = std::move(driver);
+}
+
+bool Work::waitDone(std::chrono::microseconds limit) {
+  std::unique_lock lock(mutex_);
+  return done_cv_.wait_for(lock, limit, [&] { return done_; });
+}
+
 bool Work::wait(std::chrono::milliseconds timeout) {
+  std::function<void()> driver;
+  {
+    std::lock_guard lock(mutex_);
+    // Only for an unbounded wait: the transfer's own deadline bounds the driver, not `timeout`.
+    if (!done_ && timeout.count() <= 0) driver = driver_;
+  }
+  if (driver) driver();
   std::unique_lock lock(mutex_);
   if (timeout.count() <= 0) {  // kNoTimeout (0): wait as long as it takes
     done_cv_.wait(lock, [&] { return done_; });

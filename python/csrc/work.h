@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -32,6 +33,11 @@ class Work : public c10d::Work {
   int sourceRank() const override;
   void setSourceRank(int rank) { source_rank_.store(rank); }
 
+  // Point-to-point: what wait() runs first on the caller's thread (it completes or fails this
+  // Work unless the backend's completer got there first); set once the transfer is posted.
+  void setDriver(std::function<void()> driver);
+  // Waits at most `limit` for completion; true when complete.
+  bool waitDone(std::chrono::microseconds limit);
   // Called once by the worker.
   void complete();
   void fail(std::exception_ptr error);
@@ -44,6 +50,7 @@ class Work : public c10d::Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::atomic<int> source_rank_{-1};
+  std::function<void()> driver_;  // guarded by mutex_
 };
 
 }  // namespace railshard::python

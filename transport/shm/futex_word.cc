@@ -24,6 +24,11 @@ void FutexWord::store(uint32_t value, std::atomic<uint32_t>& sleepers) {
   if (sleepers.load(std::memory_order_seq_cst) > 0) wakeAll();
 }
 
+void FutexWord::bump(std::atomic<uint32_t>& sleepers) {
+  value_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) > 0) wakeAll();
+}
+
 void FutexWord::wakeAll() {
   futex(&value_, FUTEX_WAKE, INT_MAX, nullptr);
 }

@@ -15,6 +15,8 @@ class FutexWord {
   uint32_t load() const { return value_.load(std::memory_order_acquire); }
   // Publishes `value` and wakes every sleeper when anyone might be sleeping.
   void store(uint32_t value, std::atomic<uint32_t>& sleepers);
+  // Adds one (several writers may bump the same word) and wakes every sleeper.
+  void bump(std::atomic<uint32_t>& sleepers);
   // Wakes all sleepers on this word (abort).
   void wakeAll();
   // Sleeps while the word still equals `seen`, at most `max_wait`. Returns on change,

@@ -20,7 +20,7 @@ namespace railshard::transport::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x5253484d53454731ULL;  // "RSHMSEG1"
-constexpr uint32_t kVersion = 2;  // 2: SegmentHeader::abort_claimed
+constexpr uint32_t kVersion = 3;  // 2: SegmentHeader::abort_claimed; 3: message entries
 constexpr size_t kPage = 4096;
 
 // std::string("/") + name, spelled so that GCC 12 does not raise a false -Wrestrict.
@@ -44,7 +44,8 @@ std::string errnoText() {
 
 size_t ShmSegment::totalBytes(int world_size, size_t slot_bytes) {
   const size_t control = roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * world_size, kPage);
-  return control + static_cast<size_t>(world_size) * 4 * roundUp(slot_bytes, kPage);
+  const auto n = static_cast<size_t>(world_size);
+  return control + n * 4 * roundUp(slot_bytes, kPage) + n * n * kMailEntries * sizeof(MailEntry);
 }
 
 size_t chooseSlotBytes(size_t requested, int world_size) {
@@ -75,6 +76,7 @@ ShmSegment::ShmSegment(std::string name, int world_size, size_t slot_bytes, void
   controls_ = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(base_) + sizeof(SegmentHeader));
   data_ = static_cast<uint8_t*>(base_) +
           roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * world_size, kPage);
+  mail_ = reinterpret_cast<MailEntry*>(data_ + static_cast<size_t>(world_size) * 4 * slot_bytes_);
 }
 
 ShmSegment::~ShmSegment() {
@@ -131,6 +133,9 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
   header->world_size = static_cast<uint32_t>(world_size);
   header->slot_bytes = segment->slot_bytes_;
   for (int r = 0; r < world_size; ++r) new (&segment->controls_[r]) RankControl();
+  const auto entries =
+      static_cast<size_t>(world_size) * static_cast<size_t>(world_size) * kMailEntries;
+  for (size_t i = 0; i < entries; ++i) new (&segment->mail_[i]) MailEntry();
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
   return segment;
