@@ -403,6 +403,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::ReduceOptions& opts) {
   return guardedCall([&] {
+    // Complex tensors as their real views (torch does this itself in Python for most
+    // collectives, not for reduce, gather and reduce_scatter).
+    if (std::vector<at::Tensor> real; realViews(tensors, real, opts.reduceOp, "reduce")) {
+      return reduce(real, opts);
+    }
     checkOne(tensors, "reduce");
     const int root = checkRoot(opts.rootRank, "reduce");
     const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "reduce");
@@ -515,6 +520,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   return guardedCall([&] {
+    if (std::vector<at::Tensor> real; realViews(inputs, real, std::nullopt, "gather")) {
+      std::vector<std::vector<at::Tensor>> real_outputs(outputs.size());
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        realViews(outputs[i], real_outputs[i], std::nullopt, "gather");
+      }
+      return gather(real_outputs, real, opts);
+    }
     checkOne(inputs, "gather");
     const int root = checkRoot(opts.rootRank, "gather");
     const bool is_root = getRank() == root;
@@ -582,6 +594,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   return guardedCall([&] {
+    if (std::vector<at::Tensor> real; realViews(outputs, real, opts.reduceOp, "reduce_scatter")) {
+      std::vector<std::vector<at::Tensor>> real_inputs(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        realViews(inputs[i], real_inputs[i], opts.reduceOp, "reduce_scatter");
+      }
+      return reduce_scatter(real, real_inputs, opts);
+    }
     checkOne(outputs, "reduce_scatter");
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
       throw InvalidArgument("railshard reduce_scatter: needs one list of " +
@@ -608,6 +627,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   return guardedCall([&] {
+    if (output.is_complex() || input.is_complex()) {
+      std::vector<at::Tensor> real;
+      realViews({output, input}, real, opts.reduceOp, "reduce_scatter_tensor");
+      return _reduce_scatter_base(real[0], real[1], opts);
+    }
     checkLike(input, output, getSize() * output.numel(), "reduce_scatter_tensor", "the input");
     const ReduceOp op = reduceOpFor(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor");
     auto send = std::make_shared<Staged>(input, "reduce_scatter_tensor", true, /*device_ok=*/false);

@@ -173,6 +173,27 @@ void unflattenTensors(const at::Tensor& flat, std::vector<at::Tensor>& tensors) 
   }
 }
 
+bool realViews(const std::vector<at::Tensor>& tensors, std::vector<at::Tensor>& real,
+               const std::optional<c10d::ReduceOp>& op, const char* collective) {
+  bool any = false;
+  real.clear();
+  real.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (t.is_complex()) {
+      any = true;
+      real.push_back(at::view_as_real(t));
+    } else {
+      real.push_back(t);
+    }
+  }
+  if (any && op && op->op_ != c10d::ReduceOp::SUM && op->op_ != c10d::ReduceOp::AVG) {
+    throw InvalidArgument(std::string("railshard ") + collective +
+                          ": only SUM and AVG reduce complex tensors (componentwise); got "
+                          "another ReduceOp");
+  }
+  return any;
+}
+
 void checkOne(const std::vector<at::Tensor>& tensors, const char* collective) {
   if (tensors.size() != 1) {
     throw InvalidArgument(std::string("railshard ") + collective +

@@ -72,6 +72,13 @@ class Staged {
 bool deviceCollectivesAvailable();
 
 // InvalidArgument unless `tensors` holds exactly one tensor (`collective` names the call).
+// Complex tensors as their real views (torch.view_as_real: the same memory, a trailing
+// dimension of 2), which every collective moves and SUM/AVG reduce componentwise. Fills
+// `real` with `tensors`, complex ones replaced, and returns whether any was complex;
+// InvalidArgument when `op` (for reductions) is not SUM or AVG and a tensor is complex.
+bool realViews(const std::vector<at::Tensor>& tensors, std::vector<at::Tensor>& real,
+               const std::optional<c10d::ReduceOp>& op, const char* collective);
+
 void checkOne(const std::vector<at::Tensor>& tensors, const char* collective);
 
 // A contiguous CPU tensor of `tensors` end to end, in their wire type (`collective` names the

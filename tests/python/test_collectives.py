@@ -491,16 +491,52 @@ def _tensor_lists(ctx):
 
 
 def _complex(ctx):
-    """Complex all_reduce: torch.distributed hands complex tensors to the backend as
-    view_as_real (float pairs). (Other collectives pass them as they are, and railshard
-    refuses complex dtypes there: outside the float/int dtypes it promises.)"""
+    """Complex tensors in every collective, SUM/AVG componentwise. torch.distributed hands
+    most of them to the backend as view_as_real itself; reduce, gather and reduce_scatter
+    reach it complex, and railshard takes their real views (gloo has no complex gather).
+    References: gloo's all_reduce of the same inputs, or the inputs themselves."""
+    n = ctx.world_size
     for dtype in (torch.complex64, torch.complex128):
-        x = torch.complex(exact_input("cplx", ctx.rank, torch.float64, (9,)),
-                          exact_input("cplx", ctx.rank, torch.float64, (9,), salt=1)).to(dtype)
+        def make(rank, shape=(9,), salt=0):
+            return torch.complex(
+                exact_input("cplx", rank, torch.float64, shape, salt=salt),
+                exact_input("cplx", rank, torch.float64, shape, salt=salt + 1)).to(dtype)
+
+        x = make(ctx.rank)
         want = ref_all_reduce(ctx, x, "SUM")
         t = x.clone()
         dist.all_reduce(t)
         assert_same(t, want, f"all_reduce SUM {dname(dtype)}")
+        t = x.clone()
+        dist.reduce(t, dst=0)
+        assert_same(t, want if ctx.rank == 0 else x, f"reduce SUM {dname(dtype)}")
+        out = [torch.empty_like(x) for _ in range(n)] if ctx.rank == 0 else None
+        dist.gather(x.clone(), out, dst=0)
+        if ctx.rank == 0:
+            for r in range(n):
+                assert_same(out[r], make(r), f"gather {dname(dtype)} block {r}")
+        gathered = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(gathered, x)
+        for r in range(n):
+            assert_same(gathered[r], make(r), f"all_gather {dname(dtype)} block {r}")
+        chunks = [make(ctx.rank, (4,), salt=10 + 2 * c) for c in range(n)]
+        got = torch.empty(4, dtype=dtype)
+        dist.reduce_scatter(got, [c.clone() for c in chunks])
+        # Block r of the result is the sum over ranks of each rank's chunk r.
+        want_rs = sum(make(r, (4,), salt=10 + 2 * ctx.rank) for r in range(n))
+        assert_same(got, want_rs, f"reduce_scatter SUM {dname(dtype)}")
+        got = torch.empty(4, dtype=dtype)
+        dist.reduce_scatter_tensor(got, torch.cat(chunks))
+        assert_same(got, want_rs, f"reduce_scatter_tensor SUM {dname(dtype)}")
+        t = x.clone()
+        try:
+            dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+        except Exception as e:  # noqa: BLE001 - the type and text are the check
+            expect("only SUM and AVG reduce complex tensors" in str(e)
+                   or "does not support" in str(e), f"reduce MAX complex: {e}")
+        else:
+            expect(False, "reduce MAX of a complex tensor was accepted")
+        assert_same(t, x, f"reduce MAX {dname(dtype)} left the tensor alone")
 
 
 def _object_collectives(ctx):
