@@ -14,6 +14,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
 
 status=0
+# PyTorch's own test base under Debian's torch 1.13 needs expecttest (not packaged):
+# test_torch_suite.py runs the base with this interpreter, or skips saying why.
+if suite_venv=$("$root/scripts/torch_venv.sh" --system-torch); then
+  export RAILSHARD_SUITE_PYTHON="$suite_venv/bin/python"
+else
+  echo "test.sh: no venv for torch 1.13's test base (see above); that test will skip" >&2
+fi
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 600) || status=1
 
 if [ "${RAILSHARD_SKIP_TORCH2:-0}" = "1" ]; then

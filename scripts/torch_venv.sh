@@ -10,21 +10,41 @@
 # installs the much smaller CPU-only build instead. The venv is made by the python3 on PATH
 # (RAILSHARD_VENV_PYTHON overrides it).
 #
+# --system-torch: instead, a venv over Debian's own packages (its torch 1.13, numpy, pytest)
+# that adds only expecttest and hypothesis, at ${RAILSHARD_SUITE_VENV:-/opt/railshard-deb-venv}:
+# PyPI's torch is not installed. PyTorch's distributed test base (tests/python/torch_suite.py)
+# imports expecttest, which Debian does not package; this is how that base runs under 1.13.
+#
 # Needs network access the first time: when pip fails it says so and exits non-zero
 # (scripts/test.sh then fails; RAILSHARD_SKIP_TORCH2=1 skips that pass on a machine without
 # network).
 set -euo pipefail
 
-venv=${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv}
-python=${RAILSHARD_VENV_PYTHON:-python3}
+system_torch=0
+[ "${1:-}" = "--system-torch" ] && system_torch=1
+if [ $system_torch = 1 ]; then
+  venv=${RAILSHARD_SUITE_VENV:-/opt/railshard-deb-venv}
+  python=/usr/bin/python3
+  venv_flags=(--system-site-packages)
+  packages=(expecttest hypothesis)
+  torch_check='int(torch.__version__.split(".")[0]) >= 1'
+  wants="Debian's torch, numpy or pytest"
+else
+  venv=${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv}
+  python=${RAILSHARD_VENV_PYTHON:-python3}
+  venv_flags=()
+  packages=("torch>=2" numpy pytest expecttest hypothesis)
+  torch_check='int(torch.__version__.split(".")[0]) >= 2'
+  wants="torch >= 2, numpy or pytest"
+fi
 
 say() { echo "torch_venv: $*" >&2; }
 
 usable() {
-  [ -x "$venv/bin/python" ] && "$venv/bin/python" - >/dev/null 2>&1 <<'EOF'
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" - >/dev/null 2>&1 <<EOF
 import sys
 import numpy, pytest, torch, torch.distributed as dist
-sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 and dist.is_available() else 1)
+sys.exit(0 if $torch_check and dist.is_available() else 1)
 EOF
 }
 
@@ -57,34 +77,36 @@ fi
 
 if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ] && [ -n "$(ls -A "$venv" 2>/dev/null)" ]; then
   say "$venv exists and is not a virtual environment; refusing to overwrite it" \
-      "(set RAILSHARD_TORCH_VENV to another path)"
+      "(set RAILSHARD_TORCH_VENV or RAILSHARD_SUITE_VENV to another path)"
   exit 1
 fi
 
 if [ -e "$venv" ]; then
-  say "$venv is missing torch >= 2, numpy or pytest: recreating it"
+  say "$venv is missing $wants: recreating it"
 else
   say "creating $venv"
 fi
-if ! "$python" -m venv --clear "$venv" >&2; then
+if ! "$python" -m venv --clear "${venv_flags[@]}" "$venv" >&2; then
   say "'$python -m venv' failed (Debian's python3 needs the python3-venv package)"
   exit 1
 fi
 
 index=()
-if [ -n "${RAILSHARD_TORCH_INDEX_URL:-}" ]; then
+if [ -n "${RAILSHARD_TORCH_INDEX_URL:-}" ] && [ $system_torch = 0 ]; then
   index=(--index-url "$RAILSHARD_TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple)
 fi
-say "installing torch, numpy and pytest with pip (a large download the first time)"
+say "installing ${packages[*]} with pip$([ $system_torch = 1 ] || echo " (a large download the first time)")"
 if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
-       "${index[@]}" "torch>=2" numpy pytest expecttest hypothesis >&2; then
+       "${index[@]}" "${packages[@]}" >&2; then
   say "pip install failed -- no network access to the package index?"
-  say "the torch 2.x test pass needs it once (the venv is cached afterwards); set"
-  say "RAILSHARD_SKIP_TORCH2=1 to skip that pass on this machine"
+  if [ $system_torch = 0 ]; then
+    say "the torch 2.x test pass needs it once (the venv is cached afterwards); set"
+    say "RAILSHARD_SKIP_TORCH2=1 to skip that pass on this machine"
+  fi
   exit 1
 fi
-if ! usable; then
-  say "$venv was created but cannot import torch >= 2, numpy and pytest"
+if ! usable || ! extras_ok; then
+  say "$venv was created but lacks $wants, expecttest or hypothesis"
   exit 1
 fi
 say "ready: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"

@@ -291,7 +291,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::enqueuePointToPoint(
                             ": the process group was shut down (destroy_process_group or "
                             "interpreter exit)");
     }
-    here = queue_.empty() && !running_;
+    // Not a receive from any source: it waits for a message to arrive before it posts, which
+    // must not hold up the caller (it holds up only the group's later calls, on the worker).
+    here = queue_.empty() && !running_ && type != c10d::OpType::RECVANYSOURCE;
     if (here) {
       running_ = true;  // the worker waits until this post is done
     } else {
@@ -362,6 +364,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailshard::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   return guardedCall([&] {
     checkOne(tensors, "allreduce");
+    if (tensors[0].is_sparse()) return allreduceSparse(tensors[0], opts);
     const ReduceOp op = reduceOpFor(opts.reduceOp, tensors[0].scalar_type(), "allreduce");
     auto buffer = std::make_shared<Staged>(tensors[0], "allreduce");
     const auto timeout = deadline(opts.timeout);

@@ -111,9 +111,11 @@ class ProcessGroupRailshard : public BackendBase {
 
   // Rank 0 waits (at most the timeout) until every rank has arrived, then releases them; it
   // names the first rank that did not arrive ("Rank 1 failed to pass monitoredBarrier in 100
-  // ms"), or every such rank with wait_all_ranks; a rank not released in time says so ("Rank 2
-  // timed out in monitoredBarrier"). Through the store, not the communicator, so a failure
-  // leaves the group usable, as with gloo. Wording as torch's gloo backend has it.
+  // ms"), or every such rank with wait_all_ranks, and tells the ranks that did arrive, which
+  // then raise with that text ("Rank 2 successfully reached monitoredBarrier, but received
+  // errors while waiting for send/recv from rank 0: rank 0 reports: Rank 1 failed ...").
+  // Through the store, not the communicator, so a failure leaves the group usable, as with
+  // gloo. Wording as torch's gloo backend has it.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   // Collectives called on this group so far (point-to-point excluded: only two ranks take
@@ -145,6 +147,9 @@ class ProcessGroupRailshard : public BackendBase {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          Communicator::Timeout timeout, Job job);
   void workerLoop();
+  // all_reduce (SUM) of a sparse COO tensor on the CPU (process_group_sparse.cc).
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   // Posts on the calling thread when the worker is idle with nothing queued (else through the
   // worker, in order with the collectives); the completer waits (bounded by `timeout`), runs
   // `finish` (copy the received data out) and completes the Work -- unless a thread in

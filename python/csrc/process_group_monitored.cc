@@ -9,6 +9,10 @@
 
 namespace railshard::python {
 
+namespace {
+constexpr Duration kVerdictGrace = std::chrono::seconds(1);
+}  // namespace
+
 void ProcessGroupRailshard::monitoredBarrier(const c10d::BarrierOptions& opts,
                                              bool wait_all_ranks) {
   guardedCall([&] {
@@ -21,16 +25,28 @@ void ProcessGroupRailshard::monitoredBarrier(const c10d::BarrierOptions& opts,
     const Clock::time_point end = Clock::now() + std::chrono::duration_cast<Duration>(budget);
     auto left = [&] { return std::max(Duration::zero(), end - Clock::now()); };
     const int me = getRank();
+    // Rank 0 publishes its verdict under "released": "1", or the reason the barrier failed,
+    // so a rank that did arrive learns at once who did not (gloo's ranks only learn that
+    // rank 0 went quiet). The first words are gloo's, which torch's own tests match.
+    const auto arrivedButFailed = [&](const std::string& why) {
+      return "Rank " + std::to_string(me) +
+             " successfully reached monitoredBarrier, but received errors while waiting for "
+             "send/recv from rank 0: " +
+             why;
+    };
     if (me != 0) {
       store_->setString(prefix + std::to_string(me), "arrived", timeout);
+      // Rank 0's deadline ends when ours does (or later, if it entered later): a second
+      // more lets its verdict, rather than our own timeout, say what went wrong.
+      std::string verdict;
       try {
-        store_->wait({prefix + "released"}, left());
+        verdict = store_->getString(prefix + "released", left() + kVerdictGrace);
       } catch (const TimeoutError&) {
-        throw TimeoutError("Rank " + std::to_string(me) + " timed out in monitoredBarrier after " +
-                           ms +
-                           " ms: rank 0 did not release it (a rank did not arrive, or rank "
-                           "0 is not in the barrier)");
+        throw TimeoutError(
+            arrivedButFailed("rank 0 did not release it within " + ms +
+                             " ms and 1 s of grace (rank 0 is not in the barrier, or is stuck)"));
       }
+      if (verdict != "1") throw TimeoutError(arrivedButFailed("rank 0 reports: " + verdict));
       return;
     }
     if (budget.count() <= 0 && getSize() > 1) {
@@ -50,8 +66,15 @@ void ProcessGroupRailshard::monitoredBarrier(const c10d::BarrierOptions& opts,
       for (size_t i = 0; i < missing.size(); ++i) {
         ranks += (i == 0 ? "" : ", ") + std::to_string(missing[i]);
       }
-      throw TimeoutError(std::string(missing.size() == 1 ? "Rank " : "Ranks ") + ranks +
-                         " failed to pass monitoredBarrier in " + ms + " ms");
+      const std::string why = std::string(missing.size() == 1 ? "Rank " : "Ranks ") + ranks +
+                              " failed to pass monitoredBarrier in " + ms + " ms";
+      // Best effort: the ranks that arrived wait for this; if the store is gone they time
+      // out on their own deadline instead.
+      try {
+        store_->setString(prefix + "released", why, timeout);
+      } catch (const Error&) {
+      }
+      throw TimeoutError(why);
     }
     store_->setString(prefix + "released", "1", timeout);
   });

@@ -539,6 +539,68 @@ def _complex(ctx):
         assert_same(t, x, f"reduce MAX {dname(dtype)} left the tensor alone")
 
 
+def _sparse(ctx):
+    """all_reduce of sparse COO tensors (SUM; DDP's gradients of nn.Embedding(sparse=True)),
+    against gloo's sparse all_reduce of the same inputs and a dense sum of them: ranks with
+    different nnz, overlapping and duplicate (uncoalesced) indices, a rank with none, every
+    rank with none, several sparse and dense dims, float and integer values. Bad input: an
+    op other than SUM, and shapes that differ between ranks (every rank raises; the group
+    stays usable)."""
+    n, r = ctx.world_size, ctx.rank
+
+    def make(rank, sparse_dims, dense_dims, dtype, nnz=None):
+        g = torch.Generator().manual_seed(1000 + rank)
+        nnz = rank + 2 if nnz is None else nnz
+        shape = [5] * sparse_dims + [3] * dense_dims
+        idx = torch.randint(0, 5, (sparse_dims, nnz), generator=g)
+        if nnz >= 2:
+            idx[:, 1] = idx[:, 0]  # a duplicate index: the input is not coalesced
+        vals = torch.randint(-9, 10, [nnz] + [3] * dense_dims, generator=g).to(dtype)
+        return torch.sparse_coo_tensor(idx, vals, shape)
+
+    last_has_none = lambda q: 0 if q == n - 1 else None  # noqa: E731
+    nobody_has_any = lambda q: 0  # noqa: E731
+    default = lambda q: None  # noqa: E731
+    cases = [(1, 0, torch.float32, default), (2, 1, torch.float64, default),
+             (1, 2, torch.int64, default), (2, 0, torch.float32, last_has_none),
+             (1, 1, torch.float32, nobody_has_any)]
+    for sparse_dims, dense_dims, dtype, nnz_of in cases:
+        what = f"sparse all_reduce {sparse_dims} sparse + {dense_dims} dense dims " \
+               f"{dname(dtype)} ({nnz_of is default and 'every rank has some' or 'some empty'})"
+        x = make(r, sparse_dims, dense_dims, dtype, nnz_of(r))
+        ref = x.clone()
+        dist.all_reduce(ref, group=ctx.gloo)
+        got = x.clone()
+        dist.all_reduce(got)
+        expect(got.is_sparse, f"{what}: the result is not sparse")
+        dense_want = sum(make(q, sparse_dims, dense_dims, dtype, nnz_of(q)).to_dense()
+                         for q in range(n))
+        assert_same(got.to_dense(), ref.to_dense(), f"{what} vs gloo")
+        assert_same(got.to_dense(), dense_want, f"{what} vs the dense sum")
+    if not conftest.UNDER_TEST_IS_RAILSHARD:
+        return  # the error texts below are railshard's
+    x = make(r, 1, 0, torch.float32)
+    try:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    except Exception as e:  # noqa: BLE001 - the type and text are the check
+        expect(type(e).__name__ == "InvalidArgument" and
+               "sparse tensors are summed only" in str(e), f"sparse MAX: {type(e).__name__}: {e}")
+    else:
+        expect(False, "a sparse all_reduce MAX was accepted")
+    odd = torch.sparse_coo_tensor([[0]], [1.0], (5 + r,))
+    try:
+        dist.all_reduce(odd)
+    except Exception as e:  # noqa: BLE001
+        expect(type(e).__name__ == "InvalidArgument" and
+               "sparse tensors differ in shape" in str(e),
+               f"sparse shape mismatch: {type(e).__name__}: {e}")
+    else:
+        expect(False, "sparse tensors of different shapes were summed")
+    t = torch.ones(3)
+    dist.all_reduce(t)  # the group is still usable
+    assert_same(t, torch.full((3,), float(n)), "all_reduce after the sparse mismatch")
+
+
 def _object_collectives(ctx):
     objs = [None] * ctx.world_size
     dist.all_gather_object(objs, {"rank": ctx.rank, "payload": "x" * (100 * ctx.rank + 1)})
@@ -712,6 +774,7 @@ def misc_cases(world_size):
         ("scalars_and_empty", _scalars_and_empty),
         ("tensor_lists", _tensor_lists),
         ("complex", _complex),
+        ("sparse", _sparse),
         ("object_collectives", _object_collectives),
         ("reduce_gather_scatter", _rooted),
         ("async_ops", _async_ops),

@@ -142,6 +142,33 @@ def _ddp_unused_params(ctx):
     check_pair(ctx, models, "find_unused_parameters")
 
 
+def _ddp_sparse_embedding(ctx):
+    """nn.Embedding(sparse=True): DDP all-reduces its gradient as a sparse tensor."""
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(11)
+            self.emb = nn.Embedding(50, 16, sparse=True)
+            self.out = nn.Linear(16, 4)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids).mean(dim=1))
+
+    models = [Bag(), Bag()]
+    ddps = [DDP(models[0]), DDP(models[1], process_group=ctx.gloo)]
+    opts = [torch.optim.SGD(d.parameters(), lr=0.1) for d in ddps]
+    for step in range(4):
+        g = torch.Generator().manual_seed(100 * step + ctx.rank)
+        ids = torch.randint(0, 50, (8, 5), generator=g)  # different rows on each rank
+        y = torch.randn(8, 4, generator=g)
+        for ddp, opt in zip(ddps, opts):
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(ids), y).backward()
+            expect(ddp.module.emb.weight.grad.is_sparse, "the embedding's gradient is not sparse")
+            opt.step()
+    check_pair(ctx, models, "sparse embedding")
+
+
 def _barrier(ctx):
     for _ in range(50):
         dist.barrier()
@@ -159,7 +186,7 @@ def cases(world_size):
     return [("ddp_default", _ddp_default), ("ddp_small_buckets", _ddp_small_buckets),
             ("ddp_no_sync", _ddp_no_sync), ("ddp_allreduce_hook", _ddp_allreduce_hook),
             ("ddp_fp16_hook", _ddp_fp16_hook), ("ddp_unused_params", _ddp_unused_params),
-            ("barrier", _barrier)]
+            ("ddp_sparse_embedding", _ddp_sparse_embedding), ("barrier", _barrier)]
 
 
 _RESULTS = {}

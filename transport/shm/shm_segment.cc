@@ -55,11 +55,15 @@ size_t chooseSlotBytes(size_t requested, int world_size) {
   if (slot == 0) slot = size_t{1} << 20;
   struct statvfs info {};
   if (::statvfs("/dev/shm", &info) != 0) return slot;  // let create() report the problem
-  const size_t free_bytes = static_cast<size_t>(info.f_bavail) * info.f_frsize;
+  // The message entries take their share first (n^2 x 4 x 64 KiB: 16.8 MiB for 8 ranks).
+  const auto n = static_cast<size_t>(world_size);
+  const size_t mail = n * n * kMailEntries * sizeof(MailEntry);
+  const size_t available = static_cast<size_t>(info.f_bavail) * info.f_frsize;
+  const size_t free_bytes = available > mail ? available - mail : 0;
   const size_t per_slot_total = static_cast<size_t>(world_size) * 4;
   while (slot > (size_t{64} << 10) && per_slot_total * slot > free_bytes / 2) slot /= 2;
   if (per_slot_total * slot > free_bytes) {
-    throw Error("shared memory: /dev/shm has " + std::to_string(free_bytes >> 20) +
+    throw Error("shared memory: /dev/shm has " + std::to_string(available >> 20) +
                 " MiB free, too little for " + std::to_string(world_size) + " ranks");
   }
   return slot;
