@@ -165,6 +165,7 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
       store_(options.store),
       world_ranks_(options.world_ranks),
       generation_(options.generation),
+      launch_ranks_(options.launch_ranks > 0 ? options.launch_ranks : options.size),
       key_prefix_(options.key_prefix),
       key_root_(options.key_root.empty() ? options.key_prefix : options.key_root),
       advertise_host_(options.advertise_host) {
@@ -207,10 +208,11 @@ void Communicator::checkTypes(const char* collective, DataType dtype, ReduceOp o
 }
 
 void Communicator::checkUsable(const char* collective) const {
-  if (shrunk_) {
+  if (retired_ != nullptr) {
     throw InvalidArgument(std::string(collective) + ": this communicator (generation " +
-                          std::to_string(generation_) +
-                          ") was shrunk; use the communicator shrink() returned");
+                          std::to_string(generation_) + ") was " +
+                          (std::string(retired_) == "shrink" ? "shrunk" : "grown") +
+                          "; use the communicator " + retired_ + "() returned");
   }
   if (!aborted_.empty()) {
     throw InvalidArgument(std::string(collective) +

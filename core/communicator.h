@@ -65,12 +65,16 @@ class Communicator {
     // lost peers, and shrink() re-forms through it. Null: none of that (errors still name
     // the peer, shrink() is an InvalidArgument).
     std::shared_ptr<Store> store;
-    // Launch ("world") rank of each member, by rank; empty = 0..size-1. Set by shrink().
+    // Launch ("world") rank of each member, by rank; empty = 0..size-1. Set by shrink() and
+    // grow().
     std::vector<int> world_ranks;
-    int generation = 0;  // how many times the group has been shrunk; set by shrink()
-    // Store namespace shared by every generation (lost marks, shrink rounds); empty =
-    // key_prefix. Set by shrink().
+    int generation = 0;  // how many times the group was re-formed; set by shrink() and grow()
+    // Store namespace shared by every generation (lost marks, shrink and grow rounds,
+    // joiners); empty = key_prefix. Set by shrink() and grow(); a joiner names it.
     std::string key_root;
+    // Launch ranks handed out so far (joiners get the next ones, so that a number, and the
+    // lost mark that may carry it, never comes back); 0 = size. Set by grow().
+    int launch_ranks = 0;
   };
 
   // A per-call deadline that replaces Config::timeout (RAILSHARD_TIMEOUT) for one collective.
@@ -189,14 +193,37 @@ class Communicator {
   // unusable afterwards (InvalidArgument). `timeout` bounds the wait for the other survivors;
   // default Config::timeout.
   std::unique_ptr<Communicator> shrink(Timeout timeout = kDefaultTimeout);
+  // grow(): collective over the members, at a step boundary (core/communicator_grow.cc).
+  // Every member calls it; they admit every joiner waiting in join() whose job token
+  // (Config::token) matches theirs -- a wrong one is refused, with an error at the joiner and
+  // a warning here -- and each rank, members and joiners alike, gets the communicator of the
+  // new generation: the members first, in their order here, then the joiners in the order
+  // they asked. With nobody waiting it is a plain re-form. A member that does not call it is
+  // left out as shrink() leaves it out (marked lost, or not arrived by `timeout`). Rank 0 of
+  // the new communicator is the first member: the agreed source for handing joiners the
+  // current step and state (a broadcast, docs/reliability.md). This communicator is unusable
+  // afterwards (InvalidArgument).
+  std::unique_ptr<Communicator> grow(Timeout timeout = kDefaultTimeout);
+  // The joiner's side of grow(): asks to join the job whose store namespace is
+  // options.key_root (or key_prefix), presenting options.config.token, and waits (at most
+  // `timeout`) for the members' next grow(). rank, size and world_ranks are ignored; store
+  // must be set. TimeoutError when no grow() came (the request is withdrawn: a later grow()
+  // does not wait for this process), InvalidArgument when the members refused it.
+  static std::unique_ptr<Communicator> join(const Options& options, Timeout timeout);
+  // Collective: how many joiners have asked since the last grow() looked (a withdrawn one
+  // counts until the next grow()), the same on every rank -- rank 0 reads the store and
+  // broadcasts -- so that all members decide alike whether to call grow() this step.
+  int joinersWaiting(Timeout timeout = kDefaultTimeout);
   // Fails every pending and later collective of this communicator on every rank; later calls
   // here raise InvalidArgument naming `reason`.
   void abort(const std::string& reason);
   // Launch rank of each member, by rank (identity for the world communicator).
   const std::vector<int>& worldRanks() const { return world_ranks_; }
   int worldRank() const { return world_ranks_[static_cast<size_t>(rank_)]; }
-  // 0 for the communicator init() made, +1 per shrink().
+  // 0 for the communicator init() made, +1 per shrink() or grow().
   int generation() const { return generation_; }
+  // Launch ranks handed out so far (the next joiner gets this one).
+  int launchRanks() const { return launch_ranks_; }
 
   // Number of collectives started so far (the sequence number of the next one).
   uint64_t sequence() const { return sequence_; }
@@ -328,6 +355,24 @@ class Communicator {
   std::pair<std::string, std::string> lostMarkFor(const transport::LostPeer& lost) const;
   std::vector<int> decideSurvivors(const std::string& round, Deadline deadline,
                                    std::string& excluded);
+  // shrink() and grow(): this communicator is done for this rank (`by`: "shrink", "grow").
+  void retire(const char* by);
+  // Joins the members' round of generation `next` (leader: the first to arrive, which decides
+  // through `decide`, writing round/members and round/excluded) and returns the members and
+  // what was excluded.
+  std::pair<std::vector<int>, std::string> agreeOnMembers(
+      const std::string& round, Duration timeout, const std::function<void(Deadline)>& decide);
+  // The shrink() leader: the survivors.
+  void decideShrink(const std::string& round, Deadline deadline);
+  // The grow() leader: the survivors (as shrink() decides them), then the joiners admitted.
+  void decideGrowth(const std::string& round, int next, Deadline deadline);
+  // The new generation's options for launch rank `me` among `members`.
+  Options nextOptions(const std::string& round, int next, const std::vector<int>& members, int me,
+                      int launch_ranks) const;
+  // This generation's cluster graph with `members` renumbered in their order; null when a
+  // member is not in this generation (a joiner) or there is no graph.
+  std::shared_ptr<const topology::Topology> renumberedTopology(
+      const std::vector<int>& members) const;
 
   int rank_;
   int size_;
@@ -360,13 +405,14 @@ class Communicator {
   std::shared_ptr<Store> store_;
   std::vector<int> world_ranks_;
   int generation_ = 0;
+  int launch_ranks_ = 0;
   std::string key_prefix_;
   std::string key_root_;
   std::string advertise_host_;
   std::unique_ptr<ProgressPublisher> publisher_;
   std::unique_ptr<PointToPoint> p2p_;  // made at the first message
   PointToPoint& pointToPoint();
-  bool shrunk_ = false;
+  const char* retired_ = nullptr;  // "shrink" or "grow": use the communicator it returned
   Clock::time_point collective_start_{};
   std::string aborted_;     // the reason abort() was given
   int trace_provider_ = 0;  // trace metadata provider id, 0 = none

@@ -13,14 +13,15 @@
 //   gen<G>/members              "0,2,3": launch ranks of generation G, in order
 //   gen<G>/excluded             why each other rank of generation G-1 was left out
 #include <algorithm>
+#include <functional>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "base/error.h"
 #include "base/logging.h"
 #include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
+#include "core/membership_keys.h"
 #include "core/progress_publisher.h"
 #include "core/topology/topology.h"
 #include "transport/transport.h"
@@ -29,7 +30,8 @@ namespace railshard {
 
 namespace {
 
-constexpr auto kStoreCall = std::chrono::seconds(5);
+using membership::kStoreCall;
+using membership::parseRanks;
 constexpr auto kPollPeriod = std::chrono::milliseconds(20);
 
 std::optional<std::string> peekKey(Store& store, const std::string& key) {
@@ -38,16 +40,6 @@ std::optional<std::string> peekKey(Store& store, const std::string& key) {
   } catch (const TimeoutError&) {
     return std::nullopt;
   }
-}
-
-std::vector<int> parseRanks(const std::string& text) {
-  std::vector<int> ranks;
-  std::istringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) ranks.push_back(std::stoi(item));
-  }
-  return ranks;
 }
 
 }  // namespace
@@ -92,7 +84,7 @@ std::vector<int> Communicator::decideSurvivors(const std::string& round, Deadlin
     if (Clock::now() >= deadline) {
       for (int world : pending) {
         reasons.push_back("launch rank " + std::to_string(world) +
-                          ": did not call shrink() in time");
+                          ": did not join the round (shrink() or grow()) in time");
       }
       break;
     }
@@ -114,63 +106,55 @@ std::vector<int> Communicator::decideSurvivors(const std::string& round, Deadlin
   return members;
 }
 
-std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
-  checkUsable("shrink");
-  if (!store_) {
-    throw InvalidArgument(
-        "shrink: this communicator has no store to re-form through (Options::store is null; "
-        "railshard::init() sets it)");
-  }
-  const Duration timeout = timeoutFor("shrink", timeout_arg);
-  const Deadline deadline = Clock::now() + timeout;
-  const int me = worldRank();
-  const int next = generation_ + 1;
-  const std::string round = key_root_ + "/gen" + std::to_string(next);
-
+void Communicator::retire(const char* by) {
   // The old group is finished for this rank: stop its publisher and poison its transport (a
-  // no-op when a failure already did), without telling peers, who are shrinking too.
+  // no-op when a failure already did), without telling peers, who are re-forming too.
   publisher_.reset();
-  shrunk_ = true;
-  transport_->abort(makeError(ErrorKind::kPeerLost,
-                              "rank " + std::to_string(rank_) + ": this communicator was shrunk"),
+  retired_ = by;
+  const std::string why = std::string("this communicator was re-formed by ") + by + "()";
+  transport_->abort(makeError(ErrorKind::kPeerLost, "rank " + std::to_string(rank_) + ": " + why),
                     false);
-  if (engine() != nullptr) engine()->abort(ErrorKind::kPeerLost, "the communicator was shrunk");
-
+  if (engine() != nullptr) engine()->abort(ErrorKind::kPeerLost, why);
   for (const auto& lost : transport_->lostPeers()) {
     const auto [key, value] = lostMarkFor(lost);
     store_->setString(key, value, kStoreCall);
   }
-  store_->setString(round + "/join/" + std::to_string(me), "1", kStoreCall);
-  RS_LOG_INFO("rank {} (launch rank {}): shrinking generation {} of {} ranks", rank_, me,
-              generation_, size_);
+}
 
-  if (store_->add(round + "/leader", 1, kStoreCall) == 1) {
-    std::string excluded;
-    const std::vector<int> members = decideSurvivors(round, deadline, excluded);
-    std::string list;
-    for (size_t i = 0; i < members.size(); ++i) {
-      if (i > 0) list += ',';
-      list += std::to_string(members[i]);
-    }
-    store_->setString(round + "/excluded", excluded, kStoreCall);
-    store_->setString(round + "/members", list, kStoreCall);
-  }
+std::pair<std::vector<int>, std::string> Communicator::agreeOnMembers(
+    const std::string& round, Duration timeout, const std::function<void(Deadline)>& decide) {
+  const Deadline deadline = Clock::now() + timeout;
+  store_->setString(round + "/join/" + std::to_string(worldRank()), "1", kStoreCall);
+  if (store_->add(round + "/leader", 1, kStoreCall) == 1) decide(deadline);
   // The leader may take the whole timeout deciding; give it that and the margin to answer.
-  const std::vector<int> members =
+  std::vector<int> members =
       parseRanks(store_->getString(round + "/members", timeout + std::chrono::seconds(10)));
-  const std::string excluded = store_->getString(round + "/excluded", kStoreCall);
-  const auto mine = std::find(members.begin(), members.end(), me);
-  if (mine == members.end()) {
-    throw PeerLostError("shrink: launch rank " + std::to_string(me) +
-                        " is not among the survivors of generation " + std::to_string(next) + " (" +
-                        excluded + ")");
-  }
-  if (members.empty()) {
-    throw PeerLostError("shrink: no survivors in generation " + std::to_string(next));
-  }
+  std::string excluded = store_->getString(round + "/excluded", kStoreCall);
+  return {std::move(members), std::move(excluded)};
+}
 
+std::shared_ptr<const topology::Topology> Communicator::renumberedTopology(
+    const std::vector<int>& members) const {
+  if (topology_ == nullptr || topology_->worldSize() != size_) return nullptr;
+  auto graph = std::make_shared<topology::Topology>(*topology_);
+  std::vector<topology::RankPlacement> placements;
+  for (size_t r = 0; r < members.size(); ++r) {
+    const auto old = std::find(world_ranks_.begin(), world_ranks_.end(), members[r]);
+    if (old == world_ranks_.end()) return nullptr;
+    topology::RankPlacement placement =
+        topology_->rank(static_cast<int>(old - world_ranks_.begin()));
+    placement.rank = static_cast<int>(r);
+    placements.push_back(placement);
+  }
+  graph->setRanks(std::move(placements));
+  return graph;
+}
+
+Communicator::Options Communicator::nextOptions(const std::string& round, int next,
+                                                const std::vector<int>& members, int me,
+                                                int launch_ranks) const {
   Options options;
-  options.rank = static_cast<int>(mine - members.begin());
+  options.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   options.size = static_cast<int>(members.size());
   options.config = config_;
   options.key_prefix = round;
@@ -179,20 +163,40 @@ std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
   options.store = store_;
   options.world_ranks = members;
   options.generation = next;
-  if (topology_ != nullptr && topology_->worldSize() == size_) {
-    // The same cluster, with the survivors' placements renumbered.
-    auto graph = std::make_shared<topology::Topology>(*topology_);
-    std::vector<topology::RankPlacement> placements;
-    for (size_t r = 0; r < members.size(); ++r) {
-      const auto old_rank =
-          std::find(world_ranks_.begin(), world_ranks_.end(), members[r]) - world_ranks_.begin();
-      topology::RankPlacement placement = topology_->rank(static_cast<int>(old_rank));
-      placement.rank = static_cast<int>(r);
-      placements.push_back(placement);
-    }
-    graph->setRanks(std::move(placements));
-    options.topology = std::move(graph);
+  options.launch_ranks = launch_ranks;
+  return options;
+}
+
+void Communicator::decideShrink(const std::string& round, Deadline deadline) {
+  std::string excluded;
+  const std::vector<int> survivors = decideSurvivors(round, deadline, excluded);
+  store_->setString(round + "/excluded", excluded, kStoreCall);
+  store_->setString(round + "/members", membership::formatRanks(survivors), kStoreCall);
+}
+
+std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
+  checkUsable("shrink");
+  if (!store_) {
+    throw InvalidArgument(
+        "shrink: this communicator has no store to re-form through (Options::store is null; "
+        "railshard::init() sets it)");
   }
+  const Duration timeout = timeoutFor("shrink", timeout_arg);
+  const int me = worldRank();
+  const int next = generation_ + 1;
+  const std::string round = key_root_ + "/gen" + std::to_string(next);
+  retire("shrink");
+  RS_LOG_INFO("rank {} (launch rank {}): shrinking generation {} of {} ranks", rank_, me,
+              generation_, size_);
+  const auto [members, excluded] =
+      agreeOnMembers(round, timeout, [&](Deadline deadline) { decideShrink(round, deadline); });
+  if (std::find(members.begin(), members.end(), me) == members.end()) {
+    throw PeerLostError("shrink: launch rank " + std::to_string(me) +
+                        " is not among the survivors of generation " + std::to_string(next) + " (" +
+                        excluded + ")");
+  }
+  Options options = nextOptions(round, next, members, me, launch_ranks_);
+  options.topology = renumberedTopology(members);  // the same cluster, survivors renumbered
   RS_LOG_WARN("launch rank {}: generation {} formed: {} of {} ranks survive, this is rank {}{}", me,
               next, members.size(), size_, options.rank,
               excluded.empty() ? "" : " (left out: " + excluded + ")");

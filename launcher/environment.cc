@@ -191,6 +191,20 @@ LaunchEnvironment detectEnvironment(const std::map<std::string, std::string>& en
   if (const auto* external = find(env, "RAILSHARD_STORE_EXTERNAL")) {
     e.store_external = parseInteger("RAILSHARD_STORE_EXTERNAL", *external, 0, 1) == 1;
   }
+  if (const auto* join = find(env, "RAILSHARD_JOIN")) {
+    e.join = parseInteger("RAILSHARD_JOIN", *join, 0, 1) == 1;
+  }
+  if (e.join && !e.store_external) {
+    throw ConfigError(
+        "RAILSHARD_JOIN=1 joins a running job through its store: set RAILSHARD_STORE_EXTERNAL=1 "
+        "and RAILSHARD_STORE_ADDR to the job's store (railshard-launch --max-restarts does)");
+  }
+  if (e.join && e.size < 2) {
+    throw ConfigError(
+        "RAILSHARD_JOIN=1 needs the launch environment of a job of several ranks "
+        "(RAILSHARD_RANK and RAILSHARD_WORLD_SIZE of the slot it takes); found a world of 1 "
+        "rank");
+  }
   if (!e.store_external) return e;
   // An external store is one nobody here starts: without its address (under mpirun rank 0
   // would otherwise start one and send the address round) there is nothing to connect to.

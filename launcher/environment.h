@@ -20,6 +20,11 @@ struct LaunchEnvironment {
   // RAILSHARD_STORE_EXTERNAL=1: the store at store_addr is already running, hosted outside
   // the ranks (railshard-launch --elastic); no rank starts one.
   bool store_external = false;
+  // RAILSHARD_JOIN=1: this process joins a running job (Communicator::join(), through the
+  // external store) instead of forming the world with the others; rank and size are then the
+  // launcher's slot, not the rank it gets. railshard-launch --max-restarts sets it for a
+  // restarted rank; by hand it needs RAILSHARD_STORE_EXTERNAL=1 and the job's store address.
+  bool join = false;
 };
 
 // Reads, in this order: RAILSHARD_RANK/WORLD_SIZE (railshard-launch or by hand); mpirun's

@@ -70,6 +70,7 @@ Bootstrap bootstrapStore() {
         "knows the address");
   }
   boot.config = config;
+  boot.join = launch.join;
   boot.store_addr = store_addr;
   boot.server_keepalive = server;
 
@@ -102,6 +103,18 @@ std::unique_ptr<Communicator> launcher::formCommunicator(std::shared_ptr<Store> 
 
 std::unique_ptr<Communicator> init() {
   launcher::Bootstrap boot = launcher::bootstrapStore();
+  if (boot.join) {
+    Communicator::Options options;
+    options.config = boot.config;
+    options.store = boot.store;
+    options.advertise_host = boot.advertise_host;
+    auto joined = Communicator::join(
+        options, std::chrono::duration_cast<Communicator::Timeout>(boot.config.timeout));
+    joined->keepAlive(boot.store);
+    RS_LOG_INFO("joined as rank {} of {} (launch rank {}, generation {})", joined->rank(),
+                joined->size(), joined->worldRank(), joined->generation());
+    return joined;
+  }
   auto communicator = launcher::formCommunicator(boot.store, boot.rank, boot.size, boot.config,
                                                  boot.advertise_host);
   if (boot.size == 1) return communicator;

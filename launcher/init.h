@@ -14,6 +14,10 @@ namespace railshard {
 // or a single rank when nothing did. Rank 0 hosts the rendezvous store; everyone connects to
 // it, exchanges addresses and forms the full mesh. Throws ConfigError for a bad environment,
 // TimeoutError when peers do not show up within RAILSHARD_CONNECT_TIMEOUT.
+// With RAILSHARD_JOIN=1 (a rank railshard-launch --max-restarts restarted, or one started by
+// hand) it joins the running job instead: Communicator::join() through the job's store,
+// waiting up to RAILSHARD_TIMEOUT for the members' next grow(); the communicator it returns
+// has generation() > 0, and the members hand it their state from rank 0 (docs/reliability.md).
 std::unique_ptr<Communicator> init();
 
 namespace launcher {
@@ -30,6 +34,7 @@ struct Bootstrap {
   Config config;               // from the environment, token filled in when MPI carried it
   std::string store_addr;      // host:port; empty when size is 1
   std::string advertise_host;  // the address peers reach this rank at; empty when size is 1
+  bool join = false;           // RAILSHARD_JOIN=1: join the running job (init() calls join())
 };
 
 // The environment detection and store hosting init() does (same variables, same errors):

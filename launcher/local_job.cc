@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "base/error.h"
 #include "launcher/job_token.h"
@@ -35,7 +36,7 @@ using transport::tcp::Fd;
 constexpr const char* kLaunchVariables[] = {
     "RAILSHARD_RANK",           "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
     "RAILSHARD_STORE_ADDR",     "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
-    "RAILSHARD_STORE_EXTERNAL",
+    "RAILSHARD_STORE_EXTERNAL", "RAILSHARD_JOIN",
 };
 
 // Blocks the signals the launcher waits for and delivers them through a signalfd, so that one
@@ -274,16 +275,26 @@ class Supervisor {
     ++failures_;
     if (failures_ == 1) first_failure_status_ = status.shellStatus();
     const std::string how = describeEnding(status.code, status.signal);
-    notice("rank " + std::to_string(rank) + " on host " + host_name_ + " failed" +
-           (failures_ == 1 ? " first" : "") + ": " + how + "; " +
+    notice(label(rank) + " on host " + host_name_ + " failed" + (failures_ == 1 ? " first" : "") +
+           ": " + how + "; " +
            (last_error_line.empty() ? "it wrote nothing to stderr"
                                     : "its last error line: " + quoteLine(last_error_line)));
-    if (options_.elastic) markLost(rank, how);
+    // Only a first process's slot is its launch rank; a restarted one got its launch rank
+    // from the members (its loss reaches them through its connections anyway).
+    if (options_.elastic && rank < static_cast<size_t>(options_.world_size)) markLost(rank, how);
 
     const size_t others = ranks_.runningCount();
     const std::string count =
         "failure " + std::to_string(failures_) + " of " + std::to_string(options_.max_failures);
     if (options_.elastic && failures_ <= options_.max_failures) {
+      if (restarts_ < options_.max_restarts && others > 0) {
+        ++restarts_;
+        restart_.push_back(rank);
+        notice("restarting " + label(rank) + " to join the " + plural(others, "rank") +
+               " left (elastic, " + count + ", restart " + std::to_string(restarts_) + " of " +
+               std::to_string(options_.max_restarts) + ")");
+        return;
+      }
       notice(others > 0 ? "continuing with " + plural(others, "rank") + " (elastic, " + count + ")"
                         : "no rank left to continue with (elastic, " + count + ")");
       return;
@@ -333,6 +344,13 @@ class Supervisor {
     return static_cast<int>(std::clamp<long long>(left.count(), 0, kMaxSleepMs));
   }
 
+  // Processes to start again (by index), taken by the caller; and which slot each index is.
+  std::vector<size_t> takeRestarts() { return std::exchange(restart_, {}); }
+  void setSlot(size_t index, size_t slot) {
+    if (slots_.size() <= index) slots_.resize(index + 1);
+    slots_[index] = slot;
+  }
+
   int exitStatus() const {
     if (stopping_) return exit_status_;
     // Elastic and within the allowance: fine, as long as some rank got to the end.
@@ -342,6 +360,12 @@ class Supervisor {
 
  private:
   static const char* sigabbrev(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+  // "rank 2", or "rank 2 (restart)" for a process started again in slot 2.
+  std::string label(size_t index) const {
+    const size_t slot = index < slots_.size() ? slots_[index] : index;
+    return "rank " + std::to_string(slot) + (slot == index ? "" : " (restarted)");
+  }
 
   void notice(const std::string& line) {
     if (options_.notice) options_.notice(line);
@@ -385,6 +409,9 @@ class Supervisor {
   int exit_status_ = 0;
   int first_failure_status_ = 0;
   int failures_ = 0;
+  int restarts_ = 0;
+  std::vector<size_t> restart_;
+  std::vector<size_t> slots_;  // process index -> rank slot
   size_t successes_ = 0;
 };
 
@@ -446,6 +473,11 @@ int runLocalJob(const LocalJobOptions& options) {
     throw InvalidArgument("max_failures must not be negative, got " +
                           std::to_string(options.max_failures));
   }
+  if (options.max_restarts < 0 || (options.max_restarts > 0 && !options.elastic)) {
+    throw InvalidArgument("max_restarts must be 0, or positive in elastic mode; got " +
+                          std::to_string(options.max_restarts) +
+                          (options.elastic ? "" : " without elastic"));
+  }
 
   const std::string token = options.token.empty() ? makeJobToken() : options.token;
   Fd listener = listenForStore(options.store_host, options.store_port);
@@ -464,19 +496,22 @@ int runLocalJob(const LocalJobOptions& options) {
   SignalCatcher signals;
   ProcessGroup ranks;  // declared after `signals`: its destructor kills before the mask returns
   const size_t world_size = static_cast<size_t>(options.world_size);
-  ranks.reserveDescriptors(2 * world_size);
+  const size_t processes = world_size + static_cast<size_t>(options.max_restarts);
+  ranks.reserveDescriptors(2 * processes);
 
   Sink out{options.stdout_fd};
   Sink err{options.stderr_fd};
   std::vector<Stream> streams;
-  streams.reserve(2 * world_size);
-  for (int rank = 0; rank < options.world_size; ++rank) {
+  streams.reserve(2 * processes);
+  // `rank`: the slot; `restart`: started again into a running job (RAILSHARD_JOIN=1).
+  const auto start = [&](int rank, bool restart) {
     ChildSpec spec;
     spec.argv = options.command;
     // Elastic: the launcher hosts the store, so no rank gets the socket.
     const bool gets_socket = rank == 0 && !options.elastic;
     spec.env = rankEnvironment(base_env, rank, options.world_size, store_addr, token,
                                gets_socket ? listener.get() : -1, options.elastic);
+    if (restart) spec.env.push_back("RAILSHARD_JOIN=1");
     for (auto& entry : torchEnvironment(base_env, rank, options.world_size, torch_port)) {
       // Replace, not duplicate, what an enclosing launcher left in the base environment.
       const std::string name = entry.substr(0, entry.find('=') + 1);
@@ -493,9 +528,12 @@ int runLocalJob(const LocalJobOptions& options) {
     streams.push_back(Stream{std::move(pipes.out), LinePrefixer(prefix), &out});
     streams.push_back(Stream{std::move(pipes.err), LinePrefixer(prefix), &err});
     streams.back().prefixer.keepLastLine();
-  }
+  };
+  for (int rank = 0; rank < options.world_size; ++rank) start(rank, false);
   Supervisor supervisor(options, ranks,
                         options.host_name.empty() ? thisHostName() : options.host_name);
+  std::vector<size_t> slot_of;  // process index -> slot
+  for (size_t rank = 0; rank < world_size; ++rank) slot_of.push_back(rank);
   // Elastic: started only now, so that no fork happens while its thread runs (a child could
   // inherit a lock that thread held) and so that the thread inherits the blocked signals,
   // which must reach the signalfd above rather than kill the launcher. Ranks that connected
@@ -542,6 +580,12 @@ int runLocalJob(const LocalJobOptions& options) {
         catchUp(out_stream);
         catchUp(err_stream);
         supervisor.onRankEnded(rank, err_stream.prefixer.lastLine());
+      }
+      for (const size_t index : supervisor.takeRestarts()) {
+        const size_t slot = slot_of[index];
+        slot_of.push_back(slot);
+        supervisor.setSlot(slot_of.size() - 1, slot);
+        start(static_cast<int>(slot), true);
       }
     }
     supervisor.onTick();

@@ -29,6 +29,11 @@ struct LocalJobOptions {
   // key kLostRankKeyPrefix + "<rank>", value how it ended ("exited with status 3").
   bool elastic = false;
   int max_failures = 1;
+  // Elastic mode: a failed rank is started again, up to `max_restarts` times in all, with
+  // RAILSHARD_JOIN=1 (its own slot's RAILSHARD_RANK; init() then joins the running job through
+  // the launcher's store, and the members let it in with grow()). Each restart is also a
+  // failure counted against max_failures.
+  int max_restarts = 0;
   // Named in the failure line; empty: this machine's host name.
   std::string host_name;
   // Called with one line (no newline) for each thing the user should know: a rank failed, a

@@ -146,6 +146,60 @@ TEST(Elastic, LauncherKeepsTheJobGoingWhenRankZeroIsKilled) {
   }
 }
 
+// railshard-launch --max-restarts 1: a rank SIGKILLed at iteration 20 (rank 2, or rank 0:
+// the launcher hosts the store, so no rank is a single point of failure) is started again;
+// the three others shrink, the restarted process joins through init() (RAILSHARD_JOIN=1) as
+// launch rank 4, takes the iteration from rank 0, and all four finish every iteration with
+// verified sums in generation 2.
+TEST(Elastic, LauncherRestartsAKilledRankAndItRejoins) {
+  for (const int killed : {2, 0}) {
+    auto r = test::runProcess({kLaunch,
+                               "-n",
+                               "4",
+                               "--max-restarts",
+                               "1",
+                               kCheck,
+                               "--iterations",
+                               "150",
+                               "--die-rank",
+                               std::to_string(killed),
+                               "--die-after",
+                               "20",
+                               "--die-how",
+                               "kill",
+                               "--count",
+                               "1000",
+                               "--elastic",
+                               "1",
+                               "--grow",
+                               "1",
+                               "--pace-ms",
+                               "20"},
+                              {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(90));
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find("rank " + std::to_string(killed) + " on host"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("restarting rank " + std::to_string(killed) +
+                         " to join the 3 ranks left (elastic, failure 1 of 1, restart 1 of 1)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("[" + std::to_string(killed) +
+                         "] launch rank 4 is rank 3 of 4 in generation 2 (joined at iteration"),
+              std::string::npos)
+        << r.err;
+    for (int slot = 0; slot < 4; ++slot) {
+      // Survivors renumbered in their order, the joiner last.
+      const int rank = slot == killed ? 3 : slot - (slot > killed ? 1 : 0);
+      EXPECT_NE(r.out.find("[" + std::to_string(slot) + "] rank " + std::to_string(rank) +
+                           " of 4 ok after 150 allreduces"),
+                std::string::npos)
+          << "killed " << killed << ": " << r.out << r.err;
+    }
+    EXPECT_EQ(r.out.find("generation 1,"), std::string::npos) << r.out;  // all end in gen 2
+  }
+}
+
 // Two failures one after the other: generation 1 of three, then generation 2 of two.
 TEST(Elastic, SurvivorsShrinkTwice) {
   // Rank 3 dies at iteration 10; rank 1 (rank 1 of generation 1 too) dies at iteration 30.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -56,6 +57,11 @@ constexpr const char* kHelp =
     "                       in it (key railshard/lost/RANK) for Communicator::shrink()\n"
     "  --max-failures K     failures --elastic tolerates (implies --elastic; default 1);\n"
     "                       failure K+1 stops the job as without --elastic\n"
+    "  --max-restarts K     a failed rank is started again, up to K times in all (implies\n"
+    "                       --elastic; --max-failures defaults to K): it gets\n"
+    "                       RAILSHARD_JOIN=1, railshard::init() joins the running job\n"
+    "                       through the launcher's store, and the members admit it with\n"
+    "                       Communicator::grow()\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
@@ -82,6 +88,7 @@ struct Arguments {
   std::string dump_topology;
   std::string trace;  // --trace DIR (or RAILSHARD_TRACE)
   std::optional<int> max_failures;
+  std::optional<int> max_restarts;
   bool help = false;
   bool version = false;
 };
@@ -108,9 +115,9 @@ std::chrono::milliseconds parseGrace(const std::string& value) {
   return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
-int parseMaxFailures(const std::string& value) {
+int parseCount(const char* option, const std::string& value) {
   try {
-    return static_cast<int>(railshard::parseInteger("--max-failures", value, 0, kMaxRanks - 1));
+    return static_cast<int>(railshard::parseInteger(option, value, 0, kMaxRanks - 1));
   } catch (const railshard::ConfigError& error) {
     throw UsageError{error.what()};
   }
@@ -180,7 +187,9 @@ Arguments parseArguments(int argc, char** argv) {
       noValue();
       args.job.elastic = true;
     } else if (name == "--max-failures") {
-      args.max_failures = parseMaxFailures(value());
+      args.max_failures = parseCount("--max-failures", value());
+    } else if (name == "--max-restarts") {
+      args.max_restarts = parseCount("--max-restarts", value());
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -202,6 +211,11 @@ Arguments parseArguments(int argc, char** argv) {
   if (args.max_failures) {
     args.job.elastic = true;
     args.job.max_failures = *args.max_failures;
+  }
+  if (args.max_restarts) {
+    args.job.elastic = true;
+    args.job.max_restarts = *args.max_restarts;
+    if (!args.max_failures) args.job.max_failures = std::max(1, *args.max_restarts);
   }
   args.job.command.assign(argv + i, argv + argc);
   return args;

@@ -4,13 +4,19 @@
 //   collective_check [--iterations N] [--count C] [--rails 1]
 //                    [--die-rank R --die-after K [--die-how exit|kill|stop]]
 //                    [--stop-seconds S] [--stall-rank R --stall-after K --stall-seconds S]
-//                    [--elastic 1] [--timeout-ms T] [--linger-seconds S]
+//                    [--elastic 1 [--grow 1]] [--timeout-ms T] [--linger-seconds S]
+//                    [--pace-ms D]
 //
 // --die-how exit (default) exits with status 3; kill raises SIGKILL on itself; stop raises
 //   SIGSTOP on itself, after forking a child that sends SIGCONT --stop-seconds later.
 // --stall-*: rank R sleeps S seconds before all-reduce K (alive, heartbeats flowing).
 // --elastic 1: on PeerLostError, shrink() to the survivors and go on with the remaining
 //   iterations (a rank written off by the others exits 1 with the error).
+// --grow 1: before every iteration the ranks ask joinersWaiting() and grow() when a process
+//   asked to join (a rank railshard-launch --max-restarts started again: RAILSHARD_JOIN=1);
+//   rank 0 then broadcasts the iteration, and the joiner goes on from there.
+// --pace-ms D: sleep D ms before every iteration (a training step's compute), so that a
+//   restarted rank can join before the others are done.
 // --linger-seconds S: wait S seconds before exiting after success (keeps rank 0's store up
 //   for a rank that comes back late).
 // --rails 1: print the transport's rails to the next rank at the end, one line each:
@@ -48,6 +54,8 @@ struct Options {
   size_t count = 100000;
   bool print_rails = false;
   bool elastic = false;
+  bool grow = false;
+  double pace_ms = 0;
   long timeout_ms = -1;
   double linger_seconds = 0;
 };
@@ -83,6 +91,7 @@ void dieOnPurpose(int rank, int iteration, const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const long long started = wallMicros();
   Options options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
@@ -99,6 +108,8 @@ int main(int argc, char** argv) {
     if (key == "--count") options.count = static_cast<size_t>(value);
     if (key == "--rails") options.print_rails = value != 0;
     if (key == "--elastic") options.elastic = value != 0;
+    if (key == "--grow") options.grow = value != 0;
+    if (key == "--pace-ms") options.pace_ms = value;
     if (key == "--timeout-ms") options.timeout_ms = std::atol(text.c_str());
     if (key == "--linger-seconds") options.linger_seconds = std::atof(text.c_str());
   }
@@ -109,17 +120,40 @@ int main(int argc, char** argv) {
     const size_t count = options.count;
     std::vector<int64_t> data(count);
     int it = 0;
+    // Rank 0 of a grown group hands the iteration it is at to the joiners.
+    const auto takeIteration = [&](const char* how) {
+      int64_t at = it;
+      comm->broadcast(&at, 1, railshard::DataType::kInt64, 0, timeout);
+      it = static_cast<int>(at);
+      std::fprintf(stderr,
+                   "launch rank %d is rank %d of %d in generation %d (%s at iteration %d, at %lld "
+                   "us; process started at %lld us)\n",
+                   comm->worldRank(), comm->rank(), comm->size(), comm->generation(), how, it,
+                   wallMicros(), started);
+    };
+    const char* join = std::getenv("RAILSHARD_JOIN");
+    // A joiner enters the iteration the members are in after their joinersWaiting() and
+    // grow(): it skips that question once.
+    bool asked = join != nullptr && std::string(join) == "1";
+    if (asked) takeIteration("joined");
     while (it < options.iterations) {
-      const int rank = comm->rank();
-      const int size = comm->size();
       if (comm->worldRank() == options.die_rank && it == options.die_after) {
-        dieOnPurpose(rank, it, options);
+        dieOnPurpose(comm->rank(), it, options);
       }
       if (comm->worldRank() == options.stall_rank && it == options.stall_after) {
         std::this_thread::sleep_for(std::chrono::duration<double>(options.stall_seconds));
       }
-      for (size_t i = 0; i < count; ++i) data[i] = static_cast<int64_t>(i) * (rank + 1) + it;
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options.pace_ms));
+      const int rank = comm->rank();
       try {
+        if (options.grow && !asked && comm->joinersWaiting(timeout) > 0) {
+          comm = comm->grow();
+          takeIteration("grew");
+        }
+        asked = false;
+        for (size_t i = 0; i < count; ++i) {
+          data[i] = static_cast<int64_t>(i) * (comm->rank() + 1) + it;
+        }
         comm->allreduce(data.data(), count, railshard::DataType::kInt64, railshard::ReduceOp::kSum,
                         timeout);
       } catch (const railshard::PeerLostError& e) {
@@ -132,8 +166,11 @@ int main(int argc, char** argv) {
         const double shrink_ms = std::chrono::duration<double, std::milli>(
                                      std::chrono::steady_clock::now() - shrink_start)
                                      .count();
-        std::fprintf(stderr, "launch rank %d is rank %d of %d in generation %d (shrink %.1f ms)\n",
-                     comm->worldRank(), comm->rank(), comm->size(), comm->generation(), shrink_ms);
+        std::fprintf(
+            stderr,
+            "launch rank %d is rank %d of %d in generation %d (shrink %.1f ms, at %lld us)\n",
+            comm->worldRank(), comm->rank(), comm->size(), comm->generation(), shrink_ms,
+            wallMicros());
         // The survivors need not have failed in the same iteration: a rank whose partners
         // had all sent finishes the collective another rank was still in when the loss was
         // reported to it. Resume together from the earliest one (redoing is harmless here).
@@ -143,6 +180,7 @@ int main(int argc, char** argv) {
         it = static_cast<int>(resume);
         continue;  // this iteration again, on the survivors
       }
+      const int size = comm->size();
       const int64_t factor = static_cast<int64_t>(size) * (size + 1) / 2;
       for (size_t i = 0; i < count; ++i) {
         const int64_t expected = static_cast<int64_t>(i) * factor + static_cast<int64_t>(it) * size;

@@ -1,0 +1,212 @@
+// Communicator::grow() and Communicator::join(): ranks that are not members (a restarted
+// process, a new server) join a running job at a step boundary, through the store and without
+// a restart of the members (docs/reliability.md, "Growing").
+//
+// Store keys, under the root namespace shared by every generation (beside shrink()'s):
+//   joiners                 counter: the tickets handed out to joiners, 1, 2, ...
+//   joiners/scanned         the highest ticket a grow() has looked at
+//   joiner/<t>              ticket t's request: "<job token>\n<host it advertises>"
+//   joiner/<t>/claim        counter: whoever adds the first 1 settles the ticket -- a grow()
+//                           leader (admit or refuse) or the joiner itself (withdraw on its
+//                           timeout) -- so a joiner is never admitted after it gave up
+//   joiner/<t>/answer       "<generation> <launch rank>", or "refused: <why>"
+//   gen<G>/launch_ranks     launch ranks handed out once generation G is formed
+//
+// A joiner gets the next unused launch rank: a number, and the lost mark that may carry it
+// (lost/<launch rank>), is never reused. The round itself is shrink()'s (gen<G>/join,
+// leader, members, excluded), so a member that fails during a grow is left out the same way.
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/logging.h"
+#include "core/communicator.h"
+#include "core/membership_keys.h"
+#include "core/topology/topology.h"
+
+namespace railshard {
+
+namespace {
+
+using membership::kStoreCall;
+// A ticket whose request is not there this long after it was handed out belongs to a joiner
+// that died between the two store calls.
+constexpr auto kRequestGrace = std::chrono::seconds(2);
+
+}  // namespace
+
+void Communicator::decideGrowth(const std::string& round, int next, Deadline deadline) {
+  std::string excluded;
+  std::vector<int> members = decideSurvivors(round, deadline, excluded);
+  int issued = launch_ranks_;
+  const int64_t tickets = store_->add(key_root_ + "/joiners", 0, kStoreCall);
+  const int64_t scanned = store_->add(key_root_ + "/joiners/scanned", 0, kStoreCall);
+  std::vector<std::pair<std::string, std::string>> answers;
+  for (int64_t t = scanned + 1; t <= tickets; ++t) {
+    const std::string key = key_root_ + "/joiner/" + std::to_string(t);
+    std::string request;
+    try {
+      request = store_->getString(key, kRequestGrace);
+    } catch (const TimeoutError&) {
+      request.clear();  // settled below as refused, should its joiner still be there
+    }
+    if (store_->add(key + "/claim", 1, kStoreCall) != 1) continue;  // withdrawn by the joiner
+    const auto newline = request.find('\n');
+    const std::string token = request.substr(0, newline);
+    const std::string host = newline == std::string::npos ? "?" : request.substr(newline + 1);
+    if (request.empty()) {
+      answers.emplace_back(key, "refused: its request did not reach the store");
+    } else if (token != config_.token) {
+      // Never the tokens themselves in a log or an error.
+      RS_LOG_WARN(
+          "grow into generation {}: refused joiner ticket {} (host {}): its job token "
+          "does not match this job's",
+          next, t, host);
+      answers.emplace_back(key,
+                           "refused: its job token (RAILSHARD_TOKEN) does not match the job's");
+    } else {
+      RS_LOG_INFO("grow into generation {}: admitting joiner ticket {} (host {}) as launch rank {}",
+                  next, t, host, issued);
+      members.push_back(issued);
+      answers.emplace_back(key, std::to_string(next) + " " + std::to_string(issued));
+      ++issued;
+    }
+  }
+  // A later leader starts after these; tickets settled since (withdrawn) are skipped by claim.
+  store_->add(key_root_ + "/joiners/scanned", tickets - scanned, kStoreCall);
+  store_->setString(round + "/launch_ranks", std::to_string(issued), kStoreCall);
+  store_->setString(round + "/excluded", excluded, kStoreCall);
+  store_->setString(round + "/members", membership::formatRanks(members), kStoreCall);
+  for (const auto& [key, answer] : answers) store_->setString(key + "/answer", answer, kStoreCall);
+}
+
+std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
+  checkUsable("grow");
+  if (!store_) {
+    throw InvalidArgument(
+        "grow: this communicator has no store to re-form through (Options::store is null; "
+        "railshard::init() sets it)");
+  }
+  const Duration timeout = timeoutFor("grow", timeout_arg);
+  const int me = worldRank();
+  const int next = generation_ + 1;
+  const std::string round = key_root_ + "/gen" + std::to_string(next);
+  retire("grow");
+  const auto [members, excluded] = agreeOnMembers(
+      round, timeout, [&](Deadline deadline) { decideGrowth(round, next, deadline); });
+  if (std::find(members.begin(), members.end(), me) == members.end()) {
+    throw PeerLostError("grow: launch rank " + std::to_string(me) +
+                        " is not among the members of generation " + std::to_string(next) + " (" +
+                        excluded + ")");
+  }
+  const int launch_ranks = std::stoi(store_->getString(round + "/launch_ranks", kStoreCall));
+  Options options = nextOptions(round, next, members, me, launch_ranks);
+  // Without joiners the cluster graph still describes everyone; a joiner's host is not in it,
+  // and the new generation then compares host identities through the store.
+  options.topology = renumberedTopology(members);
+  const size_t joined = static_cast<size_t>(std::count_if(
+      members.begin(), members.end(), [&](int world) { return world >= launch_ranks_; }));
+  RS_LOG_WARN("launch rank {}: generation {} formed: {} ranks ({} joined), this is rank {}{}", me,
+              next, members.size(), joined, options.rank,
+              excluded.empty() ? "" : " (left out: " + excluded + ")");
+  std::unique_ptr<Communicator> grown;
+  try {
+    grown = create(*store_, options);
+  } catch (const Error& e) {
+    // A joiner that died after it asked (or a member that died after the agreement) leaves
+    // the new generation unable to connect, on every rank that waits for it. With joiners in
+    // it the members fall back to themselves, in the next round, as shrink() does: the
+    // joiners' launch ranks are spent, a dead member is left out by its deadline.
+    const ErrorKind kind = kindOf(e);
+    if (joined == 0 || (kind != ErrorKind::kTimeout && kind != ErrorKind::kPeerLost)) {
+      throw;
+    }
+    const int again = next + 1;
+    const std::string retry = key_root_ + "/gen" + std::to_string(again);
+    RS_LOG_WARN(
+        "launch rank {}: generation {} did not come up ({}); re-forming without its "
+        "joiners as generation {}",
+        me, next, e.what(), again);
+    const auto [survivors, left_out] =
+        agreeOnMembers(retry, timeout, [&](Deadline deadline) { decideShrink(retry, deadline); });
+    if (std::find(survivors.begin(), survivors.end(), me) == survivors.end()) {
+      throw PeerLostError("grow: generation " + std::to_string(next) + " did not come up (" +
+                          e.what() + "), and launch rank " + std::to_string(me) +
+                          " is not among the members of generation " + std::to_string(again) +
+                          " (" + left_out + ")");
+    }
+    options = nextOptions(retry, again, survivors, me, launch_ranks);
+    options.topology = renumberedTopology(survivors);
+    grown = create(*store_, options);
+  }
+  for (const auto& resource : resources_) grown->keepAlive(resource);
+  return grown;
+}
+
+int Communicator::joinersWaiting(Timeout timeout) {
+  checkUsable("joinersWaiting");
+  int64_t waiting = 0;
+  if (rank_ == 0 && store_) {
+    waiting = store_->add(key_root_ + "/joiners", 0, kStoreCall) -
+              store_->add(key_root_ + "/joiners/scanned", 0, kStoreCall);
+  }
+  broadcast(&waiting, 1, DataType::kInt64, 0, timeout);
+  return static_cast<int>(waiting);
+}
+
+std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Timeout timeout) {
+  if (!options_in.store) {
+    throw InvalidArgument("join: Options::store is null: a joiner finds the job through its store");
+  }
+  if (timeout <= Timeout::zero()) {
+    throw InvalidArgument("join: timeout must be positive, got " + std::to_string(timeout.count()) +
+                          " ms");
+  }
+  Store& store = *options_in.store;
+  const std::string root =
+      options_in.key_root.empty() ? options_in.key_prefix : options_in.key_root;
+  const int64_t ticket = store.add(root + "/joiners", 1, kStoreCall);
+  const std::string key = root + "/joiner/" + std::to_string(ticket);
+  const std::string host =
+      options_in.advertise_host.empty() ? "loopback" : options_in.advertise_host;
+  store.setString(key, options_in.config.token + "\n" + host, kStoreCall);
+  RS_LOG_INFO("join: waiting for the members of '{}' to grow (ticket {})", root, ticket);
+  std::string answer;
+  try {
+    answer = store.getString(key + "/answer", timeout);
+  } catch (const TimeoutError&) {
+    if (store.add(key + "/claim", 1, kStoreCall) == 1) {
+      throw TimeoutError("join: no grow() of the job '" + root + "' admitted this joiner within " +
+                         std::to_string(timeout.count()) + " ms (ticket " + std::to_string(ticket) +
+                         "; withdrawn): its members call Communicator::grow() at a step boundary");
+    }
+    // A leader settled the ticket first: its answer follows at once.
+    answer = store.getString(key + "/answer", kStoreCall);
+  }
+  if (answer.rfind("refused", 0) == 0) {
+    throw InvalidArgument("join: the members of '" + root + "' " + answer.substr(0, 7) +
+                          " ticket " + std::to_string(ticket) + answer.substr(7));
+  }
+  int next = 0;
+  int me = 0;
+  std::istringstream(answer) >> next >> me;
+  const std::string round = root + "/gen" + std::to_string(next);
+  const std::vector<int> members =
+      membership::parseRanks(store.getString(round + "/members", kStoreCall));
+  Options options = options_in;
+  options.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  options.size = static_cast<int>(members.size());
+  options.key_prefix = round;
+  options.key_root = root;
+  options.world_ranks = members;
+  options.generation = next;
+  options.launch_ranks = std::stoi(store.getString(round + "/launch_ranks", kStoreCall));
+  options.topology = nullptr;  // not in the members' graph: hosts compared through the store
+  RS_LOG_WARN("join: launch rank {} is rank {} of {} in generation {}", me, options.rank,
+              options.size, next);
+  return create(store, options);
+}
+
+}  // namespace railshard
