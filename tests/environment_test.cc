@@ -139,5 +139,28 @@ TEST(Environment, ExternalStoreWithoutAddressOrWithASocketIsAConfigError) {
             std::string::npos);
 }
 
+// RAILSHARD_JOIN=1 (a restarted rank): read with the slot's launch variables, and refused
+// without an external store to join through or in a world of one.
+TEST(Environment, JoinNeedsAnExternalStoreAndSeveralRanks) {
+  const std::map<std::string, std::string> slot = {{"RAILSHARD_RANK", "2"},
+                                                   {"RAILSHARD_WORLD_SIZE", "4"},
+                                                   {"RAILSHARD_STORE_ADDR", "127.0.0.1:29500"},
+                                                   {"RAILSHARD_STORE_EXTERNAL", "1"},
+                                                   {"RAILSHARD_JOIN", "1"}};
+  const auto e = detectEnvironment(slot);
+  EXPECT_TRUE(e.join);
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_FALSE(detectEnvironment({{"RAILSHARD_JOIN", "0"}}).join);
+  auto internal = slot;
+  internal.erase("RAILSHARD_STORE_EXTERNAL");
+  EXPECT_NE(configErrorOf(internal).find("RAILSHARD_JOIN=1 joins a running job through its store: "
+                                         "set RAILSHARD_STORE_EXTERNAL=1"),
+            std::string::npos)
+      << configErrorOf(internal);
+  const auto alone = configErrorOf({{"RAILSHARD_STORE_EXTERNAL", "1"}, {"RAILSHARD_JOIN", "1"}});
+  EXPECT_NE(alone.find("found a world of 1 rank"), std::string::npos) << alone;
+  EXPECT_NE(configErrorOf({{"RAILSHARD_JOIN", "2"}}).find("RAILSHARD_JOIN"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace railshard::launcher
