@@ -355,8 +355,9 @@ class Communicator {
   std::pair<std::string, std::string> lostMarkFor(const transport::LostPeer& lost) const;
   std::vector<int> decideSurvivors(const std::string& round, Deadline deadline,
                                    std::string& excluded);
-  // shrink() and grow(): this communicator is done for this rank (`by`: "shrink", "grow").
-  void retire(const char* by);
+  // shrink() and grow() (`by`): checks this communicator can re-form (usable, with a store),
+  // then retires it for this rank; returns the round's timeout.
+  Duration retire(const char* by, Timeout timeout);
   // Joins the members' round of generation `next` (leader: the first to arrive, which decides
   // through `decide`, writing round/members and round/excluded) and returns the members and
   // what was excluded.

@@ -83,17 +83,10 @@ void Communicator::decideGrowth(const std::string& round, int next, Deadline dea
 }
 
 std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
-  checkUsable("grow");
-  if (!store_) {
-    throw InvalidArgument(
-        "grow: this communicator has no store to re-form through (Options::store is null; "
-        "railshard::init() sets it)");
-  }
-  const Duration timeout = timeoutFor("grow", timeout_arg);
+  const Duration timeout = retire("grow", timeout_arg);
   const int me = worldRank();
   const int next = generation_ + 1;
   const std::string round = key_root_ + "/gen" + std::to_string(next);
-  retire("grow");
   const auto [members, excluded] = agreeOnMembers(
       round, timeout, [&](Deadline deadline) { decideGrowth(round, next, deadline); });
   if (std::find(members.begin(), members.end(), me) == members.end()) {

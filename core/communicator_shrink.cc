@@ -106,7 +106,14 @@ std::vector<int> Communicator::decideSurvivors(const std::string& round, Deadlin
   return members;
 }
 
-void Communicator::retire(const char* by) {
+Duration Communicator::retire(const char* by, Timeout timeout_arg) {
+  checkUsable(by);
+  if (!store_) {
+    throw InvalidArgument(std::string(by) +
+                          ": this communicator has no store to re-form through (Options::store "
+                          "is null; railshard::init() sets it)");
+  }
+  const Duration timeout = timeoutFor(by, timeout_arg);
   // The old group is finished for this rank: stop its publisher and poison its transport (a
   // no-op when a failure already did), without telling peers, who are re-forming too.
   publisher_.reset();
@@ -119,6 +126,7 @@ void Communicator::retire(const char* by) {
     const auto [key, value] = lostMarkFor(lost);
     store_->setString(key, value, kStoreCall);
   }
+  return timeout;
 }
 
 std::pair<std::vector<int>, std::string> Communicator::agreeOnMembers(
@@ -175,17 +183,10 @@ void Communicator::decideShrink(const std::string& round, Deadline deadline) {
 }
 
 std::unique_ptr<Communicator> Communicator::shrink(Timeout timeout_arg) {
-  checkUsable("shrink");
-  if (!store_) {
-    throw InvalidArgument(
-        "shrink: this communicator has no store to re-form through (Options::store is null; "
-        "railshard::init() sets it)");
-  }
-  const Duration timeout = timeoutFor("shrink", timeout_arg);
+  const Duration timeout = retire("shrink", timeout_arg);
   const int me = worldRank();
   const int next = generation_ + 1;
   const std::string round = key_root_ + "/gen" + std::to_string(next);
-  retire("shrink");
   RS_LOG_INFO("rank {} (launch rank {}): shrinking generation {} of {} ranks", rank_, me,
               generation_, size_);
   const auto [members, excluded] =
