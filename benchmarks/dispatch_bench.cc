@@ -8,10 +8,14 @@
 //   railshard-launch -n 3 dispatch_bench --speeds 1,2,4
 //   railshard-launch -n 3 dispatch_bench --speeds 1,2,4 --slowdown 2:2:12 --json out.json
 //   railshard-launch --elastic -n 4 dispatch_bench --speeds 1,2,4,2 --kill 2:12
+//   railshard-launch --max-restarts 1 -n 4 dispatch_bench --speeds 1,2,4,2 --kill 2:12 --grow
 //
 // --kill: the rank dies mid-step; the survivors shrink the communicator, recover the dispatcher
-// (the step is redone or replanned) and finish; the per-sample ledger of committed steps must
-// show every sample of the epoch exactly once (exit status 1 otherwise).
+// (the step is redone or replanned) and finish; the per-sample ledger must show every sample
+// of the epoch exactly once (exit status 1 otherwise). The ledger is what the ranks report:
+// each step's processed sample ids, summed by an all-reduce the step commits after
+// (benchmarks/dispatch_ledger.h). --grow: the launcher's restarted rank joins at a step
+// boundary (grow() + CollectiveDispatcher::admit()) and gets shares from the next step.
 //
 // --work sleep (default) models a GPU server: its CPU waits while the device computes, so a
 // rank's speed is its own whatever the other ranks do. --work cpu burns calibrated
@@ -36,12 +40,15 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/dispatch_growth.h"
+#include "benchmarks/dispatch_ledger.h"
 #include "benchmarks/dispatch_options.h"
 #include "base/error.h"
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/policy.h"
 #include "core/dispatch/sample_weighted.h"
+#include "launcher/environment.h"
 #include "launcher/init.h"
 
 namespace railshard::bench {
@@ -176,6 +183,11 @@ struct Summary {
   double after_median_ratio = 0;
   std::optional<int> reconverge_steps;
   double failure_cost_ms = 0;  // caught + shrink + recover, on rank 0
+  // With an admission (--grow): the first grown step, steps from it until a step within 5%
+  // of the median before the failure (empty: never), and the median of the steps after that.
+  std::optional<int> growth_step;
+  std::optional<int> regain_steps;
+  double after_growth_median_step_ms = 0;
 };
 
 // One lost peer as the survivors handled it.
@@ -193,88 +205,22 @@ struct FailureEvent {
   double survivors_ideal_ms = 0;  // a full batch on the survivors
 };
 
-// The per-sample ledger: the ranges of every step this rank committed, by launch rank. Rolled
-// back with the model when a recovery undoes steps; rank 0 counts every sample from it.
-struct Ledger {
-  struct Entry {
-    uint64_t epoch = 0;
-    uint64_t step = 0;
-    std::vector<std::vector<dispatch::Range>> ranges;  // by launch rank
-  };
-  std::vector<Entry> entries;
-
-  void rollback(uint64_t committed) {
-    std::erase_if(entries, [&](const Entry& e) { return e.step >= committed; });
-  }
-  uint64_t fingerprint() const {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const auto add = [&](uint64_t v) {
-      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
-    };
-    for (const auto& e : entries) {
-      add(e.epoch);
-      add(e.step);
-      for (size_t r = 0; r < e.ranges.size(); ++r) {
-        for (const auto& range : e.ranges[r]) {
-          add(r);
-          add(range.begin);
-          add(range.end);
-        }
-      }
-    }
-    return h;
-  }
+// One admission of joiners, as rank 0 saw it.
+struct GrowthEvent {
+  int step = 0;            // the first step the grown group runs
+  std::vector<int> slots;  // the joiners' launcher slots
+  std::vector<int> launch_ranks;
+  double grow_ms = 0;   // Communicator::grow()
+  double admit_ms = 0;  // CollectiveDispatcher::admit() + the bench's hand-over
+  int ranks = 0;        // after it
 };
-
-struct LedgerEpoch {
-  uint64_t epoch = 0;
-  uint64_t expected = 0;  // samples that should be in it: [0, expected)
-  uint64_t once = 0;
-  uint64_t missing = 0;
-  uint64_t duplicated = 0;  // samples committed more than once
-  uint64_t outside = 0;     // committed indices >= expected
-  bool ok() const { return missing == 0 && duplicated == 0 && outside == 0 && once == expected; }
-};
-
-// Counts every committed sample index per epoch. Every epoch but the last must be whole; the
-// last must be exactly the samples its committed steps were handed ([0, last_assigned)).
-std::vector<LedgerEpoch> checkLedger(const Ledger& ledger, uint64_t epoch_size, uint64_t last_epoch,
-                                     uint64_t last_assigned) {
-  std::vector<LedgerEpoch> out;
-  for (uint64_t epoch = 0; epoch <= last_epoch; ++epoch) {
-    LedgerEpoch e;
-    e.epoch = epoch;
-    e.expected = epoch == last_epoch ? last_assigned : epoch_size;
-    std::vector<uint32_t> count(epoch_size, 0);
-    for (const auto& entry : ledger.entries) {
-      if (entry.epoch != epoch) continue;
-      for (const auto& ranges : entry.ranges) {
-        for (const auto& range : ranges) {
-          for (uint64_t i = range.begin; i < range.end; ++i) {
-            if (i < e.expected) {
-              ++count[i];
-            } else {
-              ++e.outside;
-            }
-          }
-        }
-      }
-    }
-    for (uint64_t i = 0; i < e.expected; ++i) {
-      e.once += count[i] == 1;
-      e.missing += count[i] == 0;
-      e.duplicated += count[i] > 1;
-    }
-    out.push_back(e);
-  }
-  return out;
-}
 
 // What one policy's run produced (records and ledger on rank 0 of the final communicator).
 struct PolicyRun {
   std::vector<StepRecord> records;
   std::vector<FailureEvent> failures;
-  std::vector<LedgerEpoch> ledger;
+  std::vector<GrowthEvent> growths;
+  std::vector<Ledger::Epoch> ledger;
   bool ledger_consistent = true;  // every survivor holds the same ledger
 };
 
@@ -349,7 +295,9 @@ Summary summarise(const BenchOptions& options, const std::string& policy, const 
         before_ms.push_back(r.step_ms);
         before_ratio.push_back(r.ratio());
       }
-      if (r.step > s.survivors_first_step) {
+      // On the survivors: until an admission grows the group again.
+      if (r.step > s.survivors_first_step &&
+          (run.growths.empty() || r.step < run.growths.front().step)) {
         after_ms.push_back(r.step_ms);
         after_ideal.push_back(r.ideal_ms);
         after_ratio.push_back(r.ratio());
@@ -364,33 +312,118 @@ Summary summarise(const BenchOptions& options, const std::string& policy, const 
     s.after_median_ideal_ms = median(after_ideal);
     s.after_median_ratio = median(after_ratio);
   }
+  if (!run.growths.empty() && s.before_median_step_ms > 0) {
+    s.growth_step = run.growths.front().step;
+    std::vector<double> after;
+    for (const auto& r : records) {
+      if (r.step < *s.growth_step) continue;
+      if (!s.regain_steps && r.step_ms <= 1.05 * s.before_median_step_ms) {
+        s.regain_steps = r.step - *s.growth_step;
+      }
+      if (s.regain_steps) after.push_back(r.step_ms);
+    }
+    s.after_growth_median_step_ms = median(after);
+  }
   return s;
+}
+
+// Who is who across re-formations of the communicator, kept across policies.
+struct Membership {
+  HandOver state;    // slots by launch rank; what a joiner was handed
+  int my_slot = 0;   // this process's launcher slot (its speed)
+  bool joiner = false;  // this process joined a running job (a restarted rank)
+  std::optional<dispatch::CollectiveDispatcher> joined;  // a joiner's, for its first policy
+  int slot(int launch_rank) const { return state.slots.at(static_cast<size_t>(launch_rank)); }
+};
+
+long long wallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // Runs `steps` steps of one policy on every rank; every rank keeps the records (whoever is
 // rank 0 at the end prints them). With `kill` this is where a rank dies and the others carry
-// on: `comm` is replaced by the shrunk communicator.
+// on: `comm` is replaced by the shrunk communicator. With --grow the members admit joiners
+// (restarted ranks) at step boundaries and `comm` is replaced by the grown one; a joiner
+// enters here with the dispatcher it was handed (m.joined).
 PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& options,
-                    const std::string& label, double iterations_per_ms, std::vector<float>& grad,
-                    const std::optional<Kill>& kill) {
-  const auto world = options.speeds.size();  // launch ranks
+                    size_t policy_index, double iterations_per_ms, std::vector<float>& grad,
+                    const std::optional<Kill>& kill, Membership& m) {
+  const std::string& label = options.policies[policy_index];
+  const auto world = options.speeds.size();  // launcher slots
   dispatch::DispatchOptions dispatch_options;
   dispatch_options.policy = dispatch::parsePolicy(label);
   dispatch_options.micro_batch = options.micro;
-  // The dispatcher numbers ranks as this communicator does; members maps them to launch ranks.
-  const std::vector<int> members = comm->worldRanks();
+  // The dispatcher numbers ranks as this communicator does; members maps them to launch ranks
+  // (joiners are appended as they come).
+  std::vector<int> members = m.joined ? m.state.members : comm->worldRanks();
   // Static weights are what a user who knows the hardware would configure.
   if (dispatch_options.policy == dispatch::Policy::kWeightedRoundRobin) {
-    for (const int r : members) dispatch_options.weights.push_back(options.speeds[r]);
+    for (const int r : members) dispatch_options.weights.push_back(options.speeds[m.slot(r)]);
   }
-  dispatch::CollectiveDispatcher dispatcher(*comm, options.epoch, dispatch_options);
+  std::optional<dispatch::CollectiveDispatcher> made;
+  dispatch::CollectiveDispatcher& dispatcher =
+      m.joined ? *m.joined : made.emplace(*comm, options.epoch, dispatch_options);
 
   PolicyRun run;
   Ledger ledger;
+  // A joiner enters between the members' admission and their next step.
+  bool entering = m.joined.has_value();
+  if (entering) {
+    ledger = std::move(m.state.ledger);
+  } else {
+    comm->barrier();
+  }
+  int live_printed = comm->size();
   constexpr size_t kStats = 5;  // compute, gather, plan, all-reduce, step (s)
   comm->barrier();
   const int max_failures = static_cast<int>(world) - 1;
   while (dispatcher.committedSteps() < static_cast<uint64_t>(options.steps)) {
+    if (options.grow && !entering && !dispatcher.state().redoPending() &&
+        comm->joinersWaiting() > 0) {
+      // A step boundary with someone waiting (a restarted rank): admit it, hand it the
+      // dispatcher, the ledger and where the run is.
+      GrowthEvent event;
+      const auto grow_start = SteadyClock::now();
+      std::unique_ptr<Communicator> grown = comm->grow();
+      event.grow_ms = secondsOf(grow_start) * 1e3;
+      const auto admit_start = SteadyClock::now();
+      const auto admission = dispatcher.admit(*grown);
+      for (const int r : grown->worldRanks()) {
+        if (std::find(members.begin(), members.end(), r) == members.end()) {
+          members.push_back(r);
+          event.launch_ranks.push_back(r);
+        }
+      }
+      if (admission.recovery) {
+        // A member did not come to the grow (it died at the boundary): as after a failure.
+        ledger.rollback(admission.recovery->committed);
+        std::erase_if(run.records, [&](const StepRecord& r) {
+          return static_cast<uint64_t>(r.step) >= admission.recovery->committed;
+        });
+      }
+      m.state.policy = policy_index;
+      m.state.iterations_per_ms = iterations_per_ms;
+      m.state.members = members;
+      m.state.ledger = ledger;
+      handOver(*grown, true, m.my_slot, m.state);
+      event.admit_ms = secondsOf(admit_start) * 1e3;
+      comm = std::move(grown);
+      event.step = static_cast<int>(dispatcher.committedSteps());
+      event.ranks = comm->size();
+      for (const int r : event.launch_ranks) event.slots.push_back(m.slot(r));
+      if (comm->rank() == 0) {
+        std::printf(
+            "# admitted slot(s) %s as launch rank(s) %s before step %d: grow %.1f ms, "
+            "dispatcher + state hand-over %.1f ms; %d ranks, at %lld us\n",
+            joined(event.slots, "%d").c_str(), joined(event.launch_ranks, "%d").c_str(),
+            event.step, event.grow_ms, event.admit_ms, event.ranks, wallMicros());
+        std::fflush(stdout);
+      }
+      run.growths.push_back(std::move(event));
+    }
+    entering = false;
     const auto start = SteadyClock::now();
     const bool redo = dispatcher.state().redoPending();
     int step = static_cast<int>(dispatcher.committedSteps());
@@ -398,7 +431,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       const auto& ranges = dispatcher.nextStep(options.batch);
       step = static_cast<int>(dispatcher.plan().step);
       const std::vector<double> speeds = speedsAt(options, step);
-      const int me = comm->worldRank();
+      const int me = m.slot(comm->worldRank());
       const double gather = dispatcher.lastGatherSeconds();
       const double plan = dispatcher.lastPlanSeconds();
       uint64_t samples = 0;
@@ -407,29 +440,28 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       work(static_cast<double>(samples) * options.unit_ms / speeds[static_cast<size_t>(me)],
            options.cpu_work, iterations_per_ms);
       const double compute = secondsOf(compute_start);
-      const bool dies = kill && kill->rank == me && kill->step == step;
-      if (dies && kill->point == Kill::Point::kCompute) {
+      // A restarted rank has its slot's number but does not die again.
+      const bool dies = kill && !m.joiner && kill->rank == me && kill->step == step;
+      const auto die = [&] {
+        std::printf("# slot %d kills itself in step %d at %lld us\n", me, step, wallMicros());
         std::fflush(stdout);
         ::raise(SIGKILL);
-      }
+      };
+      if (dies && kill->point == Kill::Point::kCompute) die();
       dispatcher.finishStep(static_cast<double>(samples), compute);
       const auto allreduce_start = SteadyClock::now();
       dispatch::allreduceSampleMean(*comm, grad.data(), grad.size(), DataType::kFloat32,
                                     dispatcher.mySamples(), dispatcher.stepSamples());
       const double allreduce = secondsOf(allreduce_start);
       const double step_seconds = secondsOf(start);
+      // The step's ledger: the sample ids each rank processed, summed over the ranks. Part
+      // of the step: it commits only once this all-reduce succeeded too.
+      std::vector<int32_t> counts = Ledger::marks(options.epoch, ranges);
+      comm->allreduce(counts.data(), counts.size(), DataType::kInt32, ReduceOp::kSum);
       // The gradient step is applied: the step's samples are in the model.
       dispatcher.commitStep();
-      Ledger::Entry entry{dispatcher.dispatcher().epoch(), dispatcher.plan().step,
-                          std::vector<std::vector<dispatch::Range>>(world)};
-      for (size_t r = 0; r < members.size(); ++r) {
-        entry.ranges[static_cast<size_t>(members[r])] = dispatcher.plan().ranges[r];
-      }
-      ledger.entries.push_back(std::move(entry));
-      if (dies && kill->point == Kill::Point::kCommit) {
-        std::fflush(stdout);
-        ::raise(SIGKILL);
-      }
+      ledger.commit(dispatcher.dispatcher().epoch(), dispatcher.plan().step, counts);
+      if (dies && kill->point == Kill::Point::kCommit) die();
 
       // Outside the timed region: every rank's numbers to every rank, for the records.
       const double mine[kStats] = {compute, gather, plan, allreduce, step_seconds};
@@ -445,17 +477,18 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       record.live_ranks = comm->size();
       record.shares.assign(world, 0);
       for (size_t r = 0; r < members.size(); ++r) {
-        record.shares[static_cast<size_t>(members[r])] = dispatcher.plan().samples[r];
+        // A dead rank and the rank restarted in its slot share a column (one has 0).
+        record.shares[static_cast<size_t>(m.slot(members[r]))] += dispatcher.plan().samples[r];
       }
       double speed_sum = 0;
-      for (const int r : launch) speed_sum += speeds[static_cast<size_t>(r)];
+      for (const int r : launch) speed_sum += speeds[static_cast<size_t>(m.slot(r))];
       record.ideal_ms = static_cast<double>(dispatcher.stepSamples()) * options.unit_ms / speed_sum;
       record.step_ms = all[4] * 1e3;  // rank 0's view
       record.allreduce_ms = all[3] * 1e3;
       record.compute_ms.assign(world, 0);
       for (size_t r = 0; r < n; ++r) {
         const double* stats = &all[r * kStats];
-        record.compute_ms[static_cast<size_t>(launch[r])] = stats[0] * 1e3;
+        record.compute_ms[static_cast<size_t>(m.slot(launch[r]))] = stats[0] * 1e3;
         record.gather_us = r == 0 ? stats[1] * 1e6 : std::min(record.gather_us, stats[1] * 1e6);
         record.plan_us = std::max(record.plan_us, stats[2] * 1e6);
         record.overhead_max_us = std::max(record.overhead_max_us, (stats[1] + stats[2]) * 1e6);
@@ -471,8 +504,15 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
                     joined(record.compute_ms, "%.1f").c_str(), record.step_ms, record.ideal_ms,
                     record.ratio(), record.allreduce_ms, record.overhead_us,
                     record.overhead_max_us);
+        if (record.live_ranks != live_printed) {
+          // When the job is going again after a loss or an admission (restart_times-style
+          // stamps: one host, one wall clock).
+          std::printf("# first step on %d ranks (step %d) done at %lld us\n", record.live_ranks,
+                      step, wallMicros());
+        }
         std::fflush(stdout);
       }
+      live_printed = record.live_ranks;
       run.records.push_back(std::move(record));
     } catch (const Error& e) {
       // A lost peer (PeerLostError, or a TimeoutError naming who never came): carry on with
@@ -499,7 +539,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       event.survivors = comm->size();
       double speed_sum = 0;
       const std::vector<double> speeds = speedsAt(options, static_cast<int>(recovery.committed));
-      for (const int r : comm->worldRanks()) speed_sum += speeds[static_cast<size_t>(r)];
+      for (const int r : comm->worldRanks()) speed_sum += speeds[static_cast<size_t>(m.slot(r))];
       event.survivors_ideal_ms = static_cast<double>(options.batch) * options.unit_ms / speed_sum;
       // Back to the last consistent state: the ledger (and the model, had it one) loses the
       // steps that were undone; the gradient buffer, which a failed in-place all-reduce may
@@ -536,7 +576,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
   comm->allgather(&mine, theirs.data(), sizeof(mine), DataType::kUInt8);
   for (const uint64_t f : theirs) run.ledger_consistent = run.ledger_consistent && f == mine;
   const dispatch::Dispatcher& d = dispatcher.dispatcher();
-  run.ledger = checkLedger(ledger, options.epoch, d.epoch(), d.assigned());
+  run.ledger = ledger.check(options.epoch, d.epoch(), d.assigned());
   return run;
 }
 
@@ -571,6 +611,18 @@ void printSummary(const BenchOptions& options, const Summary& s) {
                   kRecoveryRatio, *s.reconverge_steps, s.survivors_first_step);
     } else {
       std::printf("; never back within %.2fx of the survivors' ideal\n", kRecoveryRatio);
+    }
+  }
+  if (s.growth_step) {
+    if (s.regain_steps) {
+      std::printf(
+          "# %s: grown again before step %d: within 5%% of the step time before the failure "
+          "(%.1f ms) %d steps after it; from then on %.1f ms per step\n",
+          s.policy.c_str(), *s.growth_step, s.before_median_step_ms, *s.regain_steps,
+          s.after_growth_median_step_ms);
+    } else {
+      std::printf("# %s: grown again before step %d: never back within 5%% of %.1f ms\n",
+                  s.policy.c_str(), *s.growth_step, s.before_median_step_ms);
     }
   }
 }
@@ -722,6 +774,22 @@ nlohmann::ordered_json toJson(const BenchOptions& options, int world,
                             {"survivors", f.survivors},
                             {"survivors_ideal_ms", f.survivors_ideal_ms}});
       }
+      auto& growths = o["growths"] = nlohmann::ordered_json::array();
+      for (const auto& g : run.growths) {
+        growths.push_back({{"slots", g.slots},
+                           {"launch_ranks", g.launch_ranks},
+                           {"first_step", g.step},
+                           {"grow_ms", g.grow_ms},
+                           {"admit_ms", g.admit_ms},
+                           {"ranks", g.ranks}});
+      }
+      if (s.growth_step) {
+        o["after_growth"] = {
+            {"growth_step", *s.growth_step},
+            {"regain_steps",
+             s.regain_steps ? nlohmann::ordered_json(*s.regain_steps) : nlohmann::ordered_json()},
+            {"after_regain_median_step_ms", s.after_growth_median_step_ms}};
+      }
       if (s.failure_step) {
         o["after_failure"] = {
             {"failure_step", *s.failure_step},
@@ -760,10 +828,31 @@ int run(int argc, char** argv) {
     std::fputs(usage().c_str(), stdout);
     return 0;
   }
+  const long long started_us = wallMicros();
   auto comm = init();
   const int rank = comm->rank();
   const int world = comm->size();
-  checkAgainstWorld(options, world);
+  // A restarted rank (railshard-launch --max-restarts) joined a running job in init(): its
+  // communicator is of a later generation. Its launcher slot says whose speed it has.
+  Membership m;
+  const launcher::LaunchEnvironment env = launcher::detectEnvironment(launcher::processEnvironment());
+  m.joiner = comm->generation() > 0;
+  m.my_slot = m.joiner ? env.rank : comm->worldRank();
+  for (int r = 0; r < world; ++r) m.state.slots.push_back(r);
+  checkAgainstWorld(options, m.joiner ? env.size : world);
+  if (m.joiner) {
+    // The members' grow() admitted this process; their admit() and hand-over follow.
+    const long long admitted_us = wallMicros();
+    m.joined.emplace(dispatch::CollectiveDispatcher::joined(*comm));
+    handOver(*comm, false, m.my_slot, m.state);
+    std::printf(
+        "# slot %d rejoined as launch rank %d (dispatcher rank %d) before step %llu: process "
+        "started at %lld us, admitted at %lld us, handed its state at %lld us\n",
+        m.my_slot, comm->worldRank(), m.joined->myRank(),
+        static_cast<unsigned long long>(m.joined->committedSteps()), started_us, admitted_us,
+        wallMicros());
+    std::fflush(stdout);
+  }
 
   if (options.kill && rank == 0) {
     std::printf("# --kill: rank %d kills itself in step %d (%s)\n", options.kill->rank,
@@ -778,9 +867,13 @@ int run(int argc, char** argv) {
     json_file.open(options.json);
     if (!json_file) throw Error("--json: cannot write '" + options.json + "'");
   }
-  const double iterations_per_ms = options.cpu_work ? calibrate(*comm) : 0;
+  // Calibration is collective: a joiner takes the first member's (one host, one kind of core).
+  const double iterations_per_ms =
+      m.joiner ? m.state.iterations_per_ms : (options.cpu_work ? calibrate(*comm) : 0);
   std::vector<double> all_iterations_per_ms(static_cast<size_t>(world));
-  comm->allgather(&iterations_per_ms, all_iterations_per_ms.data(), 1, DataType::kFloat64);
+  if (!m.joiner) {
+    comm->allgather(&iterations_per_ms, all_iterations_per_ms.data(), 1, DataType::kFloat64);
+  }
   // Every rank's gradient holds the mean 1.0; the sample-weighted mean keeps it 1.0, which is
   // checked at the end.
   std::vector<float> grad(options.grad_count, 1.0f);
@@ -817,10 +910,11 @@ int run(int argc, char** argv) {
   std::vector<Summary> summaries;
   std::vector<PolicyRun> runs;
   bool ledgers_ok = true;
-  for (const auto& policy : options.policies) {
+  for (size_t p = m.joiner ? m.state.policy : 0; p < options.policies.size(); ++p) {
+    const std::string& policy = options.policies[p];
     // The kill happens once, in the first policy; later ones run on the survivors.
-    PolicyRun policy_run = runPolicy(comm, options, policy, iterations_per_ms, grad,
-                                     runs.empty() ? options.kill : std::nullopt);
+    PolicyRun policy_run = runPolicy(comm, options, p, iterations_per_ms, grad,
+                                     runs.empty() ? options.kill : std::nullopt, m);
     summaries.push_back(summarise(options, policy, policy_run));
     // Every rank checks (they hold the same ledger); rank 0 prints.
     bool ok = policy_run.ledger_consistent;
@@ -833,6 +927,7 @@ int run(int argc, char** argv) {
     }
     records.insert(records.end(), policy_run.records.begin(), policy_run.records.end());
     runs.push_back(std::move(policy_run));
+    m.joined.reset();  // a joiner's later policies start fresh, as everyone's
   }
 
   for (const float g : {grad.front(), grad.back()}) {

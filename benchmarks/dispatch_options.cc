@@ -83,6 +83,10 @@ std::string usage() {
          "                       the gradient all-reduce: the step is redone) or commit (after\n"
          "                       the all-reduce: the step stands). Rank 0 then checks the\n"
          "                       ledger: every sample of the epoch committed exactly once\n"
+         "  --grow               at every step boundary the members admit ranks waiting to\n"
+         "                       join (a rank restarted by railshard-launch --max-restarts,\n"
+         "                       or started by hand with RAILSHARD_JOIN=1): grow(), the\n"
+         "                       dispatcher handed over, shares from the next step\n"
          "  --grad-count N       float32 gradient elements all-reduced per step (default\n"
          "                       256K; suffixes K, M)\n"
          "  --work sleep|cpu     sleep (default): wait out the compute time, like a CPU waiting\n"
@@ -100,6 +104,10 @@ BenchOptions parseOptions(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       options.help = true;
+      continue;
+    }
+    if (arg == "--grow") {
+      options.grow = true;
       continue;
     }
     if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");

@@ -45,6 +45,7 @@ struct BenchOptions {
   std::vector<double> speeds;  // empty: 1 per rank
   std::optional<Slowdown> slowdown;
   std::optional<Kill> kill;  // needs railshard-launch --elastic
+  bool grow = false;         // admit joiners at step boundaries (Communicator::grow())
   // 256K floats (1 MiB, ~1 ms here): the issue asked for 1M, but on this 2-core machine 1M
   // floats take ~5 ms to all-reduce across 3 ranks, ~10% of a 50 ms step on their own; that is
   // the all-reduce's cost, not the dispatcher's, and would hide what this benchmark is about.

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/dispatch/dispatcher.h"
@@ -63,6 +64,27 @@ class CollectiveDispatcher {
   // shrink again and call recover() again.
   Recovery recover(Communicator& survivors);
 
+  // Growth: after the members' comm->grow() (at a step boundary: past the last step's
+  // gradient all-reduce -- admit() commits it, as nextStep() would -- the next not yet asked
+  // for) every member calls admit(*grown) and every joiner calls
+  // CollectiveDispatcher::joined(*grown) on the communicator its join() returned -- one
+  // collective over the grown communicator. The first member (rank 0 of the grown
+  // communicator, as grow() orders it) hands its whole dispatcher state to the joiners (a
+  // broadcast); a fingerprint check then proves every rank holds the same. Joiners take the
+  // next dispatcher numbers (in the grown communicator's order) and get shares from the next
+  // step: planned at the median of the measured ranks' throughput (proportional,
+  // least_loaded) or of the static weights (weighted_round_robin), then at their own measured
+  // rate from their first step on. The committed step stands: nothing is redone, no sample
+  // moves. A member grow() left out (it died at the boundary) is marked failed as recover()
+  // would mark it (Admission::recovery). InvalidArgument on every rank when the members
+  // are not at one step boundary.
+  struct Admission {
+    std::vector<int> joined;            // the joiners' dispatcher ranks
+    std::optional<Recovery> recovery;   // when members were left out of the grown group
+  };
+  Admission admit(Communicator& grown);
+  static CollectiveDispatcher joined(Communicator& grown);
+
   size_t mySamples() const;
   size_t stepSamples() const { return state_.dispatcher().current().total(); }
   const StepPlan& plan() const { return state_.dispatcher().current(); }
@@ -83,8 +105,15 @@ class CollectiveDispatcher {
   double lastPlanSeconds() const { return plan_seconds_; }
   // Time the last recover() took (seconds).
   double lastRecoverSeconds() const { return recover_seconds_; }
+  // Time the last admit() or joined() took (seconds).
+  double lastAdmitSeconds() const { return admit_seconds_; }
 
  private:
+  // A joiner's dispatcher before adopt() fills it.
+  explicit CollectiveDispatcher(Communicator& grown);
+  // admit()'s and joined()'s common protocol (`member`: this rank was in the group before).
+  Admission adopt(Communicator& grown, bool member);
+
   Communicator* comm_;
   ElasticState state_;
   // Launch ("world") rank of each of the dispatcher's ranks: the members of the communicator
@@ -100,6 +129,7 @@ class CollectiveDispatcher {
   double gather_seconds_ = 0;
   double plan_seconds_ = 0;
   double recover_seconds_ = 0;
+  double admit_seconds_ = 0;
 };
 
 }  // namespace railshard::dispatch

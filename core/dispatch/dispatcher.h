@@ -92,6 +92,9 @@ class Dispatcher {
   uint64_t stateFingerprint() const;
 
  private:
+  // Reads and writes every field (core/dispatch/state_codec.cc): a joiner's copy.
+  friend struct StateCodecAccess;
+
   std::vector<size_t> share(size_t units, const std::vector<bool>& take_part, uint64_t rotation);
   std::vector<double> weightsFor(const std::vector<bool>& take_part) const;
 

@@ -126,6 +126,11 @@ Recovery ElasticState::recover(const std::vector<Position>& survivors,
   return out;
 }
 
+int ElasticState::addRank(double weight) {
+  if (previous_) previous_->addRank(weight);
+  return dispatcher_.addRank(weight);
+}
+
 const StepPlan& ElasticState::takeRedo() {
   if (!redo_) throw InvalidArgument("ElasticState::takeRedo: no step to redo");
   redo_ = false;

@@ -79,6 +79,9 @@ class ElasticState {
   // them), one that planned step c withdraws it. Ranks that do not survive are marked failed.
   // Error when the positions cannot come from one run (more than one step apart).
   Recovery recover(const std::vector<Position>& survivors, const std::vector<bool>& survives);
+  // A joiner (CollectiveDispatcher::admit): a new rank in the dispatcher and in the snapshot
+  // recovery may go back to, so that both keep one numbering. Returns its rank.
+  int addRank(double weight);
   // After a recovery with redo: the step to hand out again is pending until taken.
   bool redoPending() const { return redo_; }
   const StepPlan& takeRedo();
@@ -89,6 +92,9 @@ class ElasticState {
   const Dispatcher& dispatcher() const { return dispatcher_; }
 
  private:
+  // Reads and writes every field (core/dispatch/state_codec.cc): a joiner's copy.
+  friend struct StateCodecAccess;
+
   Dispatcher dispatcher_;
   // The dispatcher before its last completeStep(), step `completed - 1` still open.
   std::optional<Dispatcher> previous_;

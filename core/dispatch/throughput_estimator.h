@@ -34,6 +34,9 @@ class ThroughputEstimator {
   void reset(int rank);
 
  private:
+  // Reads and writes every field (core/dispatch/state_codec.cc): a joiner's copy.
+  friend struct StateCodecAccess;
+
   struct State {
     double rate = 0;
     int reports = 0;

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/dispatch/elastic_state.h"
+
+namespace railshard::dispatch {
+
+// The whole of one rank's dispatcher state as bytes, and back: how a rank that joins a
+// running job (CollectiveDispatcher::adopt) gets the members' dispatcher -- epoch position,
+// open step, estimates, options, the snapshot recovery may go back to. The members' own
+// fingerprint check after the hand-over proves the copy is exact.
+//
+// The format is private to one build (little-endian, fixed-width fields, no versioning):
+// every rank of a job runs the same binary, which the fingerprint check also catches.
+// decodeElasticState throws ProtocolError naming the field when the bytes are short, too
+// long, or carry counts that cannot be (it never allocates more than the bytes can hold).
+class StateCodec {
+ public:
+  static std::vector<uint8_t> encode(const ElasticState& state);
+  static ElasticState decodeElasticState(std::span<const uint8_t> bytes);
+};
+
+}  // namespace railshard::dispatch
