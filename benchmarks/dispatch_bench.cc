@@ -40,10 +40,10 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "benchmarks/dispatch_growth.h"
 #include "benchmarks/dispatch_ledger.h"
 #include "benchmarks/dispatch_options.h"
-#include "base/error.h"
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/policy.h"
@@ -329,8 +329,8 @@ Summary summarise(const BenchOptions& options, const std::string& policy, const 
 
 // Who is who across re-formations of the communicator, kept across policies.
 struct Membership {
-  HandOver state;    // slots by launch rank; what a joiner was handed
-  int my_slot = 0;   // this process's launcher slot (its speed)
+  HandOver state;       // slots by launch rank; what a joiner was handed
+  int my_slot = 0;      // this process's launcher slot (its speed)
   bool joiner = false;  // this process joined a running job (a restarted rank)
   std::optional<dispatch::CollectiveDispatcher> joined;  // a joiner's, for its first policy
   int slot(int launch_rank) const { return state.slots.at(static_cast<size_t>(launch_rank)); }
@@ -377,7 +377,6 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
   }
   int live_printed = comm->size();
   constexpr size_t kStats = 5;  // compute, gather, plan, all-reduce, step (s)
-  comm->barrier();
   const int max_failures = static_cast<int>(world) - 1;
   while (dispatcher.committedSteps() < static_cast<uint64_t>(options.steps)) {
     if (options.grow && !entering && !dispatcher.state().redoPending() &&
@@ -417,8 +416,8 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
         std::printf(
             "# admitted slot(s) %s as launch rank(s) %s before step %d: grow %.1f ms, "
             "dispatcher + state hand-over %.1f ms; %d ranks, at %lld us\n",
-            joined(event.slots, "%d").c_str(), joined(event.launch_ranks, "%d").c_str(),
-            event.step, event.grow_ms, event.admit_ms, event.ranks, wallMicros());
+            joined(event.slots, "%d").c_str(), joined(event.launch_ranks, "%d").c_str(), event.step,
+            event.grow_ms, event.admit_ms, event.ranks, wallMicros());
         std::fflush(stdout);
       }
       run.growths.push_back(std::move(event));
@@ -601,11 +600,16 @@ void printSummary(const BenchOptions& options, const Summary& s) {
   if (s.failure_step) {
     std::printf(
         "# %s: failure in step %d: before it %.1f ms per step (%.3fx ideal); the failure cost "
-        "%.1f ms (caught + shrink + recover); after step %d, on the survivors: %.1f ms per "
-        "step, survivors' ideal %.1f ms (%.3fx)",
+        "%.1f ms (caught + shrink + recover)",
         s.policy.c_str(), *s.failure_step, s.before_median_step_ms, s.before_median_ratio,
-        s.failure_cost_ms, s.survivors_first_step, s.after_median_step_ms, s.after_median_ideal_ms,
-        s.after_median_ratio);
+        s.failure_cost_ms);
+    if (s.after_median_step_ms > 0) {
+      std::printf(
+          "; after step %d, on the survivors: %.1f ms per step, survivors' ideal %.1f ms "
+          "(%.3fx)",
+          s.survivors_first_step, s.after_median_step_ms, s.after_median_ideal_ms,
+          s.after_median_ratio);
+    }
     if (s.reconverge_steps) {
       std::printf("; re-converged within %.2fx of the survivors' ideal %d steps after step %d\n",
                   kRecoveryRatio, *s.reconverge_steps, s.survivors_first_step);
@@ -835,7 +839,8 @@ int run(int argc, char** argv) {
   // A restarted rank (railshard-launch --max-restarts) joined a running job in init(): its
   // communicator is of a later generation. Its launcher slot says whose speed it has.
   Membership m;
-  const launcher::LaunchEnvironment env = launcher::detectEnvironment(launcher::processEnvironment());
+  const launcher::LaunchEnvironment env =
+      launcher::detectEnvironment(launcher::processEnvironment());
   m.joiner = comm->generation() > 0;
   m.my_slot = m.joiner ? env.rank : comm->worldRank();
   for (int r = 0; r < world; ++r) m.state.slots.push_back(r);

@@ -39,8 +39,9 @@ void handOver(Communicator& grown, bool member, int my_slot, HandOver& h) {
   grown.broadcast(head.data(), head.size(), DataType::kInt64, 0);
   grown.broadcast(ledger.data(), ledger.size(), DataType::kUInt8, 0);
   if (member) return;
-  if (head.size() < 2) throw ProtocolError("dispatch_bench hand-over: " +
-                                           std::to_string(head.size()) + " header words");
+  if (head.size() < 2)
+    throw ProtocolError("dispatch_bench hand-over: " + std::to_string(head.size()) +
+                        " header words");
   h.policy = static_cast<uint64_t>(head[0]);
   std::memcpy(&h.iterations_per_ms, &head[1], sizeof(h.iterations_per_ms));
   h.members.assign(head.begin() + 2, head.end());

@@ -37,9 +37,7 @@ class Ledger {
     uint64_t missing = 0;
     uint64_t duplicated = 0;  // samples processed in more than one committed step or rank
     uint64_t outside = 0;     // processed indices >= expected
-    bool ok() const {
-      return missing == 0 && duplicated == 0 && outside == 0 && once == expected;
-    }
+    bool ok() const { return missing == 0 && duplicated == 0 && outside == 0 && once == expected; }
   };
   // Every epoch but the last must be whole; the last must be exactly the samples handed out
   // so far ([0, last_assigned)).

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "benchmarks/cli_args.h"
 #include "base/error.h"
+#include "benchmarks/cli_args.h"
 #include "core/dispatch/policy.h"
 
 namespace railshard::bench {

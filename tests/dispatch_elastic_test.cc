@@ -1,8 +1,9 @@
 // Elastic continuation end to end: dispatch_bench under railshard-launch --elastic, one rank
 // killing itself (SIGKILL) mid-run. The survivors must shrink the communicator, recover the
-// dispatcher and finish; the per-sample ledger (every committed step's ranges, counted per
-// sample on rank 0) must show each sample of the epoch exactly once. Shares after the failure
-// are checked exactly (they do not depend on timing); times only loosely, as the machine
+// dispatcher and finish (and, with --max-restarts and --grow, admit the restarted rank); the
+// per-sample ledger (the sample ids each rank reported processing in every committed step,
+// summed by an all-reduce) must show each sample of the epoch exactly once. Shares after the
+// failure are checked exactly (they do not depend on timing); times only loosely, as the machine
 // running the tests is shared. Measured figures are in docs/dispatch.md.
 #include <gtest/gtest.h>
 
@@ -159,6 +160,57 @@ TEST(DispatchElastic, ARankLostAfterItsAllreduceLeavesTheStepStandingForEveryPol
       EXPECT_EQ(step["shares"], nlohmann::json({0, 280, 280, 280})) << step.dump();
     }
   }
+}
+
+// Kill and restart: railshard-launch --max-restarts 1 restarts the killed rank, which joins
+// through init(); with --grow the members admit it at the next step boundary and hand it the
+// dispatcher. Its first share is the median rate's (slot 1's), then its own speed's. The
+// ledger is what the ranks reported processing, across both changes of membership.
+TEST(DispatchElastic, TheLauncherRestartsTheKilledRankAndItGetsItsSharesBack) {
+  SKIP_UNLESS_BUILT();
+  const std::vector<std::string> args = {
+      "--speeds", "1,2,4,2", "--steps", "22",     "--warmup",   "3",           "--grad-count",
+      "16K",      "--kill",  "2:6",     "--grow", "--policies", "proportional"};
+  test::ProcessResult r;
+  const nlohmann::json j = runBench({"--max-restarts", "1", "-n", "4"}, args, &r);
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(j.is_object()) << "no JSON written\n" << r.out << r.err;
+  EXPECT_NE(r.out.find("# ledger (proportional): epoch 0: 18480 samples, each processed exactly "
+                       "once (0 missing, 0 duplicated); rank 2 lost at step 6"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("# slot 2 rejoined as launch rank 4 (dispatcher rank 4)"), std::string::npos)
+      << r.out;
+  const auto* s = summaryOf(j, "proportional");
+  ASSERT_NE(s, nullptr) << j.dump();
+  EXPECT_TRUE((*s)["ledger_ok"].get<bool>()) << s->dump();
+  ASSERT_EQ((*s)["growths"].size(), 1u) << s->dump();
+  const auto& growth = (*s)["growths"][0];
+  EXPECT_EQ(growth["slots"], nlohmann::json::array({2}));
+  EXPECT_EQ(growth["launch_ranks"], nlohmann::json::array({4}));
+  EXPECT_EQ(growth["ranks"], 4);
+  const int first = growth["first_step"];
+  ASSERT_GT(first, 6);
+  ASSERT_LE(first, 18) << "admitted too late to see the shares settle: " << r.out;
+  for (const auto& step : j["steps"]) {
+    const int n = step["step"];
+    const auto shares = step["shares"].get<std::vector<size_t>>();
+    EXPECT_EQ(std::accumulate(shares.begin(), shares.end(), size_t{0}), 840u) << step.dump();
+    if (n < first) continue;
+    EXPECT_EQ(step["live_ranks"], 4) << step.dump();
+    // First grown step: no measurement of the joiner yet, the median rate's share (slot 1's
+    // and slot 3's); two steps on, its own speed 4 (1:2:4:2 -> 96, 184, 376, 184).
+    const std::vector<size_t> expected = n == first ? std::vector<size_t>{120, 240, 240, 240}
+                                                    : std::vector<size_t>{96, 184, 376, 184};
+    if (n == first || n >= first + 2) {
+      for (size_t slot = 0; slot < 4; ++slot) {
+        EXPECT_LE(shares[slot], expected[slot] + 8) << step.dump();
+        EXPECT_GE(shares[slot] + 8, expected[slot]) << step.dump();
+      }
+    }
+  }
+  ASSERT_FALSE((*s)["after_growth"]["regain_steps"].is_null()) << s->dump();
 }
 
 TEST(DispatchElastic, WithoutElasticTheJobStopsAndBadKillOptionsAreUsageErrors) {

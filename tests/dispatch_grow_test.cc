@@ -229,8 +229,7 @@ TEST(DispatchGrow, AJoinerStartsAtTheMedianAndEverySampleIsProcessedOnce) {
   for (uint64_t s = 4; s < 7; ++s) {
     EXPECT_EQ(books.shares[s].size(), 4u) << "step " << s;
     EXPECT_GT(books.shares[s][3], 0u) << "step " << s;
-    EXPECT_NEAR(static_cast<double>(books.shares[s][3]),
-                static_cast<double>(books.shares[s][1]), 4)
+    EXPECT_NEAR(static_cast<double>(books.shares[s][3]), static_cast<double>(books.shares[s][1]), 4)
         << "step " << s;
   }
   EXPECT_EQ(books.shares[3].count(3), 0u);  // nothing before it joined

@@ -79,8 +79,8 @@ class CollectiveDispatcher {
   // would mark it (Admission::recovery). InvalidArgument on every rank when the members
   // are not at one step boundary.
   struct Admission {
-    std::vector<int> joined;            // the joiners' dispatcher ranks
-    std::optional<Recovery> recovery;   // when members were left out of the grown group
+    std::vector<int> joined;           // the joiners' dispatcher ranks
+    std::optional<Recovery> recovery;  // when members were left out of the grown group
   };
   Admission admit(Communicator& grown);
   static CollectiveDispatcher joined(Communicator& grown);

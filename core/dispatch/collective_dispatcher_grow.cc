@@ -70,8 +70,9 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
   }
   const std::vector<int>& launch = grown.worldRanks();
 
-  // Members must stand at one step boundary: the same position everywhere. Every rank checks (the joiners see the members' positions too), so that all
-  // raise the same error rather than some waiting for a broadcast that never comes.
+  // Members must stand at one step boundary: the same position everywhere. Every rank checks (the
+  // joiners see the members' positions too), so that all raise the same error rather than some
+  // waiting for a broadcast that never comes.
   std::vector<Position> positions;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].member == 0) continue;
@@ -121,8 +122,8 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
   grown.broadcast(bytes.data(), bytes.size(), DataType::kUInt8, 0);
   if (!member) {
     // Layout: state | members (8 bytes each) | u64 state length.
-    if (bytes.size() < 8) throw ProtocolError("dispatcher hand-over: " +
-                                              std::to_string(bytes.size()) + " bytes");
+    if (bytes.size() < 8)
+      throw ProtocolError("dispatcher hand-over: " + std::to_string(bytes.size()) + " bytes");
     uint64_t state_bytes = 0;
     for (int i = 0; i < 8; ++i) {
       state_bytes |= uint64_t{bytes[bytes.size() - 8 + static_cast<size_t>(i)]} << (8 * i);
@@ -142,8 +143,8 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
     }
     if (members_.size() != static_cast<size_t>(state_.dispatcher().worldSize())) {
       throw ProtocolError("dispatcher hand-over: " + std::to_string(members_.size()) +
-                          " launch ranks for " +
-                          std::to_string(state_.dispatcher().worldSize()) + " dispatcher ranks");
+                          " launch ranks for " + std::to_string(state_.dispatcher().worldSize()) +
+                          " dispatcher ranks");
     }
   }
 
@@ -153,8 +154,7 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
   const auto& options = d.options();
   for (int r = 0; r < d.worldSize(); ++r) {
     if (d.alive(r)) {
-      weights.push_back(options.weights.empty() ? 1.0
-                                                : options.weights[static_cast<size_t>(r)]);
+      weights.push_back(options.weights.empty() ? 1.0 : options.weights[static_cast<size_t>(r)]);
     }
   }
   const double weight = medianOf(weights);

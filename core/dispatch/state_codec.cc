@@ -57,9 +57,8 @@ class Reader {
   size_t count(const char* what) {
     const uint64_t n = u64(what);
     if (n > (bytes_.size() - at_) / 8) {
-      throw ProtocolError(std::string("dispatcher state: ") + what + " count " +
-                          std::to_string(n) + " exceeds the " +
-                          std::to_string(bytes_.size() - at_) + " bytes left");
+      throw ProtocolError(std::string("dispatcher state: ") + what + " count " + std::to_string(n) +
+                          " exceeds the " + std::to_string(bytes_.size() - at_) + " bytes left");
     }
     return static_cast<size_t>(n);
   }
