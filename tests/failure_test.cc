@@ -3,6 +3,7 @@
 // or by railshard-launch --elastic; SIGKILL, SIGSTOP/SIGCONT, a rank that never arrives.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <string>
@@ -199,6 +200,35 @@ TEST(Elastic, LauncherRestartsAKilledRankAndItRejoins) {
     EXPECT_EQ(r.out.find("generation 1,"), std::string::npos) << r.out;  // all end in gen 2
   }
 }
+
+#ifdef RAILSHARD_HAVE_MPI
+// No rank is a single point of failure under mpirun either: railshard-store hosts the store
+// outside the ranks (RAILSHARD_STORE_EXTERNAL=1), so when rank 0 is SIGKILLed the three others
+// shrink through it and go on; a process started by hand afterwards (RAILSHARD_JOIN=1) joins
+// and all four finish every verified all-reduce in generation 2 (the script:
+// tests/programs/mpirun_external_store.sh).
+TEST(Elastic, UnderMpirunTheStandaloneStoreOutlivesRankZeroAndAHandStartedRankJoins) {
+  const std::string dir = test::tempPath("mpirun-store");
+  std::filesystem::create_directories(dir);
+  auto r = test::runProcess(
+      {"bash", std::string(RAILSHARD_SOURCE_DIR) + "/tests/programs/mpirun_external_store.sh",
+       RAILSHARD_STORE_BIN, RAILSHARD_MPIRUN, kCheck, dir},
+      {{"RAILSHARD_TOKEN", "mpirun-store-test"}, {"RAILSHARD_TIMEOUT", "30"}},
+      std::chrono::seconds(100));
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.out.find("joiner exit 0, store exit 0"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("generation 1 formed: 3 of 4 ranks survive"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("launch rank 4 is rank 3 of 4 in generation 2 (joined at iteration"),
+            std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + " of 4 ok after 150 allreduces"),
+              std::string::npos)
+        << r.out << r.err;
+  }
+}
+#endif
 
 // Two failures one after the other: generation 1 of three, then generation 2 of two.
 TEST(Elastic, SurvivorsShrinkTwice) {

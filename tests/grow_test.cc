@@ -2,9 +2,12 @@
 // threads over one MemoryStore, connected by real TCP sockets on loopback. Results are checked
 // against scalar sums of what every rank contributed; errors by type and message.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -270,6 +273,15 @@ TEST(Grow, AMemberThatDoesNotComeIsLeftOutAndTheJoinerStillJoins) {
   test::rethrowFirst(errors);
 }
 
+// This process's resident set (/proc/self/statm, in pages).
+size_t residentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t size = 0;
+  size_t resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
 size_t entriesIn(const char* dir) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++n;
@@ -278,7 +290,8 @@ size_t entriesIn(const char* dir) {
 
 // Twenty cycles of grow (a joiner comes) and shrink (it leaves, marked lost): every
 // generation's sums exact, and the process's open descriptors and /dev/shm entries the same
-// after the last cycle as after the first (old generations' sockets and segments released).
+// after the last cycle as after the first (old generations' sockets and segments released),
+// its resident memory within allocator slack of what it was.
 TEST(Grow, TwentyGrowShrinkCyclesLeaveNoDescriptorsOrSegmentsBehind) {
   auto store = std::make_shared<MemoryStore>();
   constexpr int kCycles = 20;
@@ -300,9 +313,13 @@ TEST(Grow, TwentyGrowShrinkCyclesLeaveNoDescriptorsOrSegmentsBehind) {
       ++released;
     }
   });
-  // Rank 0, once the joiner of `cycle` is gone: what the process holds open.
+  // Rank 0, once the joiner of `cycle` is gone: what the process holds open, and its
+  // resident memory then.
+  size_t rss_after_first = 0;
+  size_t rss_after_last = 0;
   const auto settled = [&](int cycle) {
     while (released.load() < cycle + 1) std::this_thread::sleep_for(milliseconds(1));
+    (cycle == 0 ? rss_after_first : rss_after_last) = residentBytes();
     return std::make_pair(entriesIn("/proc/self/fd"), entriesIn("/dev/shm"));
   };
   auto errors = test::runRanks(3, [&](int rank) {
@@ -328,6 +345,12 @@ TEST(Grow, TwentyGrowShrinkCyclesLeaveNoDescriptorsOrSegmentsBehind) {
   });
   joiners.get();
   test::rethrowFirst(errors);
+  // Flat, up to allocator slack: one generation's buffers and threads kept alive per cycle
+  // would be tens of MiB over twenty cycles.
+  std::printf("resident memory after cycle 1: %.1f MiB, after cycle %d: %.1f MiB\n",
+              static_cast<double>(rss_after_first) / (1 << 20), kCycles,
+              static_cast<double>(rss_after_last) / (1 << 20));
+  EXPECT_LT(rss_after_last, rss_after_first + (size_t{8} << 20));
 }
 
 TEST(Grow, BadArgumentsAreInvalidArgument) {

@@ -64,7 +64,15 @@ void TcpTransport::fail(std::exception_ptr error, bool tell_peers) {
     std::lock_guard<std::mutex> lock(listener_mutex_);
     if (failure_listener_) failure_listener_(kind, message);
   }
-  if (!stopping_.load()) RS_LOG_ERROR("{}", message);
+  // A failure this rank tells its peers about is news. One it keeps to itself is the
+  // communicator being retired by shrink() or grow() while everyone re-forms: not an error.
+  if (!stopping_.load()) {
+    if (tell_peers) {
+      RS_LOG_ERROR("{}", message);
+    } else {
+      RS_LOG_DEBUG("{}", message);
+    }
+  }
 }
 
 void TcpTransport::detachUserMemory() {
