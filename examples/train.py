@@ -15,6 +15,7 @@ See docs/pytorch.md.
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -50,6 +51,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--quiet", action="store_true", help="log a summary only")
+    p.add_argument("--kill", default="", metavar="RANK:STEP",
+                   help="rank RANK SIGKILLs itself after step STEP, in its first start only "
+                        "(to time a launcher's restart: benchmarks/torchrun_restart.sh)")
     return p.parse_args()
 
 
@@ -69,8 +73,28 @@ class SyntheticTask(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
+def restart_count():
+    """How many times the launcher restarted this process (torchrun counts; railshard-launch
+    --max-restarts marks a restarted rank with RAILSHARD_JOIN=1)."""
+    if os.environ.get("RAILSHARD_JOIN") == "1":
+        return 1
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def wall_us():
+    return time.time_ns() // 1000
+
+
 def main():
+    started_us = wall_us()
     args = parse_args()
+    kill = None
+    if args.kill:
+        try:
+            kill = tuple(int(v) for v in args.kill.split(":"))
+            assert len(kill) == 2
+        except (ValueError, AssertionError):
+            sys.exit(f"train.py: --kill expects RANK:STEP, got {args.kill!r}")
     torch.set_num_threads(1)  # several ranks share this host's cores
     # dist.init_process_group after filling RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from
     # the launcher's variables where missing (mpirun, srun); railshard-launch and torchrun
@@ -127,6 +151,14 @@ def main():
                 print(f"step {step:4d} epoch {epoch} | shares {' '.join(f'{n:4d}' for n in shares)}"
                       f" | compute ms {ms} | step {step_times[-1] * 1000:6.1f} ms"
                       f" | loss {raw_loss.item():.4f}", flush=True)
+            if len(step_times) == 1 and rank == 0 and restart_count() > 0:
+                # When the restarted job is going again (one host, one wall clock).
+                print(f"train.py: first step after restart {restart_count()} (step {step}) done "
+                      f"at {wall_us()} us; process started at {started_us} us", flush=True)
+            if kill and kill == (rank, step) and restart_count() == 0:
+                print(f"train.py: rank {rank} kills itself after step {step} at {wall_us()} us",
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             step += 1
             if step == args.steps:
                 break

@@ -204,16 +204,7 @@ Recovery CollectiveDispatcher::recover(Communicator& survivors) {
 
   // Every survivor must now hold the same dispatcher: same plan for the step to redo, same
   // epoch position, same estimates. A difference would repeat or drop samples later.
-  const uint64_t fingerprint = state_.fingerprint();
-  std::vector<uint64_t> fingerprints(launch.size());
-  survivors.allgather(&fingerprint, fingerprints.data(), sizeof(uint64_t), DataType::kUInt8);
-  for (size_t r = 0; r < fingerprints.size(); ++r) {
-    if (fingerprints[r] != fingerprints[0]) {
-      throw MismatchError("dispatcher recovery: rank " + std::to_string(ranks[r]) +
-                          " ended in state " + std::to_string(fingerprints[r]) + ", rank " +
-                          std::to_string(ranks[0]) + " in " + std::to_string(fingerprints[0]));
-    }
-  }
+  checkSameState(survivors, ranks, "dispatcher recovery");
   comm_ = &survivors;
   ranks_ = ranks;
   mine_ = RankReport{};
@@ -231,6 +222,20 @@ Recovery CollectiveDispatcher::recover(Communicator& survivors) {
         recover_seconds_ * 1e3);
   }
   return recovery;
+}
+
+void CollectiveDispatcher::checkSameState(Communicator& comm, const std::vector<int>& ranks,
+                                          const char* what) const {
+  const uint64_t fingerprint = state_.fingerprint();
+  std::vector<uint64_t> fingerprints(static_cast<size_t>(comm.size()));
+  comm.allgather(&fingerprint, fingerprints.data(), sizeof(uint64_t), DataType::kUInt8);
+  for (size_t r = 0; r < fingerprints.size(); ++r) {
+    if (fingerprints[r] != fingerprints[0]) {
+      throw MismatchError(std::string(what) + ": rank " + std::to_string(ranks[r]) +
+                          " ended in state " + std::to_string(fingerprints[r]) + ", rank " +
+                          std::to_string(ranks[0]) + " in " + std::to_string(fingerprints[0]));
+    }
+  }
 }
 
 size_t CollectiveDispatcher::mySamples() const {

@@ -113,6 +113,9 @@ class CollectiveDispatcher {
   explicit CollectiveDispatcher(Communicator& grown);
   // admit()'s and joined()'s common protocol (`member`: this rank was in the group before).
   Admission adopt(Communicator& grown, bool member);
+  // An all-gather of the state's fingerprint over `comm`: MismatchError naming `what` and
+  // the ranks (`ranks`: the dispatcher's number of each rank of comm) when any differs.
+  void checkSameState(Communicator& comm, const std::vector<int>& ranks, const char* what) const;
 
   Communicator* comm_;
   ElasticState state_;

@@ -182,16 +182,7 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
 
   // Same state everywhere, or the next plans would differ (a joiner built from another
   // binary, a member that diverged).
-  const uint64_t fingerprint = state_.fingerprint();
-  std::vector<uint64_t> fingerprints(launch.size());
-  grown.allgather(&fingerprint, fingerprints.data(), sizeof(uint64_t), DataType::kUInt8);
-  for (size_t r = 0; r < fingerprints.size(); ++r) {
-    if (fingerprints[r] != fingerprints[0]) {
-      throw MismatchError("dispatcher hand-over: rank " + std::to_string(r) + " holds state " +
-                          std::to_string(fingerprints[r]) + ", rank 0 " +
-                          std::to_string(fingerprints[0]));
-    }
-  }
+  checkSameState(grown, ranks_, "dispatcher hand-over");
   comm_ = &grown;
   if (!member) mine_ = RankReport{};
   admit_seconds_ = secondsSince(start);
