@@ -55,13 +55,15 @@ TEST(StateCodec, ACopyHoldsEveryFieldAndPlansAlikeFromThenOn) {
   original.addRank(1);  // a grown dispatcher: more ranks than options.weights would say
   step(original, speeds, 120);
 
-  const std::vector<uint8_t> bytes = StateCodec::encode(original);
-  ElasticState copy = StateCodec::decodeElasticState(bytes);
+  const std::vector<uint8_t> bytes = StateCodec::encode(original, {0, 1, 2, 7});
+  StateCodec::Decoded decoded = StateCodec::decode(bytes);
+  EXPECT_EQ(decoded.launch_ranks, (std::vector<int>{0, 1, 2, 7}));
+  ElasticState& copy = decoded.state;
   EXPECT_EQ(copy.fingerprint(), original.fingerprint());
   EXPECT_EQ(copy.committed(), original.committed());
   EXPECT_EQ(copy.dispatcher().worldSize(), 4);
   EXPECT_EQ(copy.dispatcher().options().estimator.half_life_steps, 3);
-  EXPECT_EQ(StateCodec::encode(copy), bytes);  // nothing lost on the way
+  EXPECT_EQ(StateCodec::encode(copy, {0, 1, 2, 7}), bytes);  // nothing lost on the way
   // The copy goes on exactly as the original, across an epoch boundary.
   for (int i = 0; i < 8; ++i) {
     step(original, speeds, 120);
@@ -80,13 +82,14 @@ TEST(StateCodec, ShortLongOrImpossibleBytesAreProtocolErrorsNamingTheField) {
   const std::vector<uint8_t> bytes = StateCodec::encode(state);
   const auto fails = [](std::vector<uint8_t> b, const std::string& says) {
     try {
-      StateCodec::decodeElasticState(b);
+      StateCodec::decode(b);
       ADD_FAILURE() << "expected ProtocolError: " << says;
     } catch (const ProtocolError& e) {
       EXPECT_THAT(e.what(), HasSubstr(says));
     }
   };
-  fails(std::vector<uint8_t>(bytes.begin(), bytes.end() - 1), "truncated at redo");
+  fails(std::vector<uint8_t>(bytes.begin(), bytes.end() - 1), "truncated at launch ranks");
+  fails(std::vector<uint8_t>(bytes.begin(), bytes.end() - 9), "truncated at redo");
   fails({}, "truncated at policy");
   std::vector<uint8_t> longer = bytes;
   longer.push_back(0);

@@ -105,47 +105,23 @@ CollectiveDispatcher::Admission CollectiveDispatcher::adopt(Communicator& grown,
   std::vector<uint8_t> bytes;
   int64_t length = 0;
   if (grown.rank() == 0) {
-    bytes = StateCodec::encode(state_);
-    const size_t state_bytes = bytes.size();
-    for (const int m : members_) {
-      for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<uint8_t>(uint64_t(m) >> (8 * i)));
-    }
-    bytes.resize(bytes.size() + 8);
-    for (int i = 0; i < 8; ++i) {
-      bytes[bytes.size() - 8 + static_cast<size_t>(i)] =
-          static_cast<uint8_t>(uint64_t{state_bytes} >> (8 * i));
-    }
+    bytes = StateCodec::encode(state_, members_);
     length = static_cast<int64_t>(bytes.size());
   }
   grown.broadcast(&length, 1, DataType::kInt64, 0);
   if (grown.rank() != 0) bytes.resize(static_cast<size_t>(length));
   grown.broadcast(bytes.data(), bytes.size(), DataType::kUInt8, 0);
   if (!member) {
-    // Layout: state | members (8 bytes each) | u64 state length.
-    if (bytes.size() < 8)
-      throw ProtocolError("dispatcher hand-over: " + std::to_string(bytes.size()) + " bytes");
-    uint64_t state_bytes = 0;
-    for (int i = 0; i < 8; ++i) {
-      state_bytes |= uint64_t{bytes[bytes.size() - 8 + static_cast<size_t>(i)]} << (8 * i);
-    }
-    const size_t tail = bytes.size() - 8;
-    if (state_bytes > tail || (tail - state_bytes) % 8 != 0) {
-      throw ProtocolError("dispatcher hand-over: state of " + std::to_string(state_bytes) +
-                          " bytes in " + std::to_string(bytes.size()));
-    }
-    state_ = StateCodec::decodeElasticState(
-        std::span<const uint8_t>(bytes.data(), static_cast<size_t>(state_bytes)));
-    members_.clear();
-    for (size_t at = static_cast<size_t>(state_bytes); at < tail; at += 8) {
-      uint64_t m = 0;
-      for (int i = 0; i < 8; ++i) m |= uint64_t{bytes[at + static_cast<size_t>(i)]} << (8 * i);
-      members_.push_back(static_cast<int>(m));
-    }
-    if (members_.size() != static_cast<size_t>(state_.dispatcher().worldSize())) {
-      throw ProtocolError("dispatcher hand-over: " + std::to_string(members_.size()) +
-                          " launch ranks for " + std::to_string(state_.dispatcher().worldSize()) +
+    StateCodec::Decoded decoded = StateCodec::decode(bytes);
+    if (decoded.launch_ranks.size() !=
+        static_cast<size_t>(decoded.state.dispatcher().worldSize())) {
+      throw ProtocolError("dispatcher hand-over: " + std::to_string(decoded.launch_ranks.size()) +
+                          " launch ranks for " +
+                          std::to_string(decoded.state.dispatcher().worldSize()) +
                           " dispatcher ranks");
     }
+    state_ = std::move(decoded.state);
+    members_ = std::move(decoded.launch_ranks);
   }
 
   // Joiners take the next numbers, in the grown communicator's order.

@@ -223,17 +223,22 @@ struct StateCodecAccess {
   }
 };
 
-std::vector<uint8_t> StateCodec::encode(const ElasticState& state) {
+std::vector<uint8_t> StateCodec::encode(const ElasticState& state,
+                                        const std::vector<int>& launch_ranks) {
   Writer w;
   StateCodecAccess::write(w, state);
+  w.u64(launch_ranks.size());
+  for (const int r : launch_ranks) w.u64(static_cast<uint64_t>(r));
   return w.take();
 }
 
-ElasticState StateCodec::decodeElasticState(std::span<const uint8_t> bytes) {
+StateCodec::Decoded StateCodec::decode(std::span<const uint8_t> bytes) {
   Reader r(bytes);
-  ElasticState state = StateCodecAccess::readElastic(r);
+  Decoded out{StateCodecAccess::readElastic(r), {}};
+  out.launch_ranks.resize(r.count("launch ranks"));
+  for (int& rank : out.launch_ranks) rank = static_cast<int>(r.u64("launch ranks"));
   r.finish();
-  return state;
+  return out;
 }
 
 }  // namespace railshard::dispatch

@@ -15,12 +15,18 @@ namespace railshard::dispatch {
 //
 // The format is private to one build (little-endian, fixed-width fields, no versioning):
 // every rank of a job runs the same binary, which the fingerprint check also catches.
-// decodeElasticState throws ProtocolError naming the field when the bytes are short, too
+// decode() throws ProtocolError naming the field when the bytes are short, too
 // long, or carry counts that cannot be (it never allocates more than the bytes can hold).
 class StateCodec {
  public:
-  static std::vector<uint8_t> encode(const ElasticState& state);
-  static ElasticState decodeElasticState(std::span<const uint8_t> bytes);
+  // `launch_ranks`: the launch rank of each dispatcher rank (CollectiveDispatcher's map).
+  static std::vector<uint8_t> encode(const ElasticState& state,
+                                     const std::vector<int>& launch_ranks = {});
+  struct Decoded {
+    ElasticState state;
+    std::vector<int> launch_ranks;
+  };
+  static Decoded decode(std::span<const uint8_t> bytes);
 };
 
 }  // namespace railshard::dispatch
