@@ -117,7 +117,9 @@ TEST_F(StripedOverTcpToo, AMismatchOverTheTcpRailIsMismatchErrorOnEveryRank) {
     comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
     EXPECT_EQ(data[12345], 2.0f);
     for (const auto& rail : comm.transport().rails()) {
-      if (rail.name != "tcp") EXPECT_FALSE(rail.up) << rail.name;
+      if (rail.name != "tcp") {
+        EXPECT_FALSE(rail.up) << rail.name;
+      }
     }
     comm.allreduce(data.data(), data.size(), DataType::kFloat32,
                    comm.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);

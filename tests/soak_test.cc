@@ -25,17 +25,7 @@ const std::string kSoak = std::string(RAILSHARD_BINARY_DIR) + "/tests/soak";
 
 constexpr int kRanks = 8;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 double tcpSeconds() {
   const char* text = std::getenv("RAILSHARD_SOAK_SECONDS");
