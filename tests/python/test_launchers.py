@@ -74,3 +74,45 @@ def test_torchrun(tmp_path):
         # torch.distributed.elastic ("'NoneType' object has no attribute 'get'"); 1 works.
         cmd += ["--redirects", "1", "--tee", "1"]
     _check(_run(cmd, tmp_path), 2)
+
+
+RESTART_SCRIPT = textwrap.dedent("""
+    import os, signal, torch, torch.distributed as dist, railshard
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    railshard.init_process_group()
+    n = dist.get_world_size()
+    t = torch.full((1000,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    assert t.eq(n * (n + 1) / 2).all(), t[:4]
+    if attempt == 0 and dist.get_rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # rank 0, which hosts nothing under torchrun
+    dist.barrier()
+    print(f"attempt {attempt}: rank {dist.get_rank()} of {n} ok", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_restarts_the_group_when_rank_zero_is_killed(tmp_path):
+    # torchrun's agent hosts the store, so rank 0 is no single point of failure: with
+    # --max-restarts 1 every worker is started again and the group forms anew. torch >= 2.5
+    # shares that store with the workers and the restarted ones would read the first
+    # attempt's keys (pytorch/pytorch#135712): TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+    script = tmp_path / "restart_script.py"
+    script.write_text(RESTART_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "3", "--max_restarts", "1"]
+    if TORCH_MAJOR < 2:
+        cmd += ["--redirects", "1", "--tee", "1"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(name, None)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env["RAILSHARD_TIMEOUT"] = "30"
+    proc = subprocess.run(cmd + [str(script)], env=env, capture_output=True, text=True,
+                          timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in range(3):
+        assert f"attempt 1: rank {rank} of 3 ok" in out, out
+    assert "attempt 0: rank" not in out, out  # rank 0 died before anyone passed the barrier
