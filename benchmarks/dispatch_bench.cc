@@ -174,16 +174,20 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
   dispatch::DispatchOptions dispatch_options;
   dispatch_options.policy = dispatch::parsePolicy(label);
   dispatch_options.micro_batch = options.micro;
-  // The dispatcher numbers ranks as this communicator does; members maps them to launch ranks
-  // (joiners are appended as they come).
-  std::vector<int> members = m.joined ? m.state.members : comm->worldRanks();
-  // Static weights are what a user who knows the hardware would configure.
-  if (dispatch_options.policy == dispatch::Policy::kWeightedRoundRobin) {
-    for (const int r : members) dispatch_options.weights.push_back(options.speeds[m.slot(r)]);
-  }
+  // A joiner was handed its dispatcher; the others make one. Dispatcher ranks map to launch
+  // ranks through dispatcher.launchRanks() (joiners appended as they come).
   std::optional<dispatch::CollectiveDispatcher> made;
-  dispatch::CollectiveDispatcher& dispatcher =
-      m.joined ? *m.joined : made.emplace(*comm, options.epoch, dispatch_options);
+  if (!m.joined) {
+    // Static weights are what a user who knows the hardware would configure.
+    if (dispatch_options.policy == dispatch::Policy::kWeightedRoundRobin) {
+      for (const int r : comm->worldRanks()) {
+        dispatch_options.weights.push_back(options.speeds[m.slot(r)]);
+      }
+    }
+    made.emplace(*comm, options.epoch, dispatch_options);
+  }
+  dispatch::CollectiveDispatcher& dispatcher = m.joined ? *m.joined : *made;
+  const std::vector<int>& members = dispatcher.launchRanks();
 
   PolicyRun run;
   Ledger ledger;
@@ -208,11 +212,8 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       event.grow_ms = secondsOf(grow_start) * 1e3;
       const auto admit_start = SteadyClock::now();
       const auto admission = dispatcher.admit(*grown);
-      for (const int r : grown->worldRanks()) {
-        if (std::find(members.begin(), members.end(), r) == members.end()) {
-          members.push_back(r);
-          event.launch_ranks.push_back(r);
-        }
+      for (const int d : admission.joined) {
+        event.launch_ranks.push_back(members[static_cast<size_t>(d)]);
       }
       if (admission.recovery) {
         // A member did not come to the grow (it died at the boundary): as after a failure.
@@ -223,7 +224,6 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       }
       m.state.policy = policy_index;
       m.state.iterations_per_ms = iterations_per_ms;
-      m.state.members = members;
       m.state.ledger = ledger;
       handOver(*grown, true, m.my_slot, m.state);
       event.admit_ms = secondsOf(admit_start) * 1e3;

@@ -1,7 +1,8 @@
 #pragma once
 
 // dispatch_bench across Communicator::grow(): what the first member hands a joiner beyond
-// the dispatcher (CollectiveDispatcher::admit()/joined() hand that over themselves).
+// the dispatcher (CollectiveDispatcher::admit()/joined() hand that over themselves, with
+// the dispatcher-rank to launch-rank map: CollectiveDispatcher::launchRanks()).
 
 #include <cstdint>
 #include <vector>
@@ -14,7 +15,6 @@ namespace railshard::bench {
 struct HandOver {
   uint64_t policy = 0;           // index into --policies of the policy running
   double iterations_per_ms = 0;  // --work cpu calibration (one host: the first member's)
-  std::vector<int> members;      // dispatcher rank -> launch rank
   std::vector<int> slots;        // launch rank -> launcher slot (whose speed a rank has)
   Ledger ledger;
 };

@@ -92,6 +92,8 @@ class CollectiveDispatcher {
   const std::vector<Range>& myRanges() const;
   // This rank in the dispatcher's numbering (its rank in the communicator it was built on).
   int myRank() const { return my_rank_; }
+  // The launch rank of each dispatcher rank (failed ones included; joiners appended).
+  const std::vector<int>& launchRanks() const { return members_; }
   // The reports gathered at the start of the current step (last step's), by rank (the
   // dispatcher's numbering; zeros for failed ranks).
   const std::vector<RankReport>& lastReports() const { return reports_; }

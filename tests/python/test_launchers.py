@@ -27,16 +27,16 @@ SCRIPT = textwrap.dedent("""
 LAUNCH = BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"
 
 
-def _run(cmd, tmp_path, extra_env=None):
+def _run(cmd, tmp_path, extra_env=None, text=SCRIPT, timeout=180):
     script = tmp_path / "allreduce_script.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(name, None)
     env.update(extra_env or {})
     proc = subprocess.run(cmd + [str(script)], env=env, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=timeout)
     return proc
 
 
@@ -97,20 +97,12 @@ def test_torchrun_restarts_the_group_when_rank_zero_is_killed(tmp_path):
     # --max-restarts 1 every worker is started again and the group forms anew. torch >= 2.5
     # shares that store with the workers and the restarted ones would read the first
     # attempt's keys (pytorch/pytorch#135712): TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
-    script = tmp_path / "restart_script.py"
-    script.write_text(RESTART_SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            "3", "--max_restarts", "1"]
     if TORCH_MAJOR < 2:
         cmd += ["--redirects", "1", "--tee", "1"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(name, None)
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    env["RAILSHARD_TIMEOUT"] = "30"
-    proc = subprocess.run(cmd + [str(script)], env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = _run(cmd, tmp_path, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                                "RAILSHARD_TIMEOUT": "30"}, text=RESTART_SCRIPT, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for rank in range(3):
