@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -194,6 +195,13 @@ TEST(DispatchElastic, TheLauncherRestartsTheKilledRankAndItGetsItsSharesBack) {
   const int first = growth["first_step"];
   ASSERT_GT(first, 6);
   ASSERT_LE(first, 18) << "admitted too late to see the shares settle: " << r.out;
+  // Measured rates move on a loaded machine, and the joiner's estimate rests on two steps
+  // only: each step may be two micro-batches (16 samples) off per slot, the median of the
+  // settled steps one.
+  const auto near = [](size_t share, size_t expected, size_t slack) {
+    return share <= expected + slack && share + slack >= expected;
+  };
+  std::vector<std::vector<size_t>> settled(4);
   for (const auto& step : j["steps"]) {
     const int n = step["step"];
     const auto shares = step["shares"].get<std::vector<size_t>>();
@@ -206,10 +214,19 @@ TEST(DispatchElastic, TheLauncherRestartsTheKilledRankAndItGetsItsSharesBack) {
                                                     : std::vector<size_t>{96, 184, 376, 184};
     if (n == first || n >= first + 2) {
       for (size_t slot = 0; slot < 4; ++slot) {
-        EXPECT_LE(shares[slot], expected[slot] + 8) << step.dump();
-        EXPECT_GE(shares[slot] + 8, expected[slot]) << step.dump();
+        EXPECT_TRUE(near(shares[slot], expected[slot], 16))
+            << "slot " << slot << " expected " << expected[slot] << ": " << step.dump();
+        if (n >= first + 2) settled[slot].push_back(shares[slot]);
       }
     }
+  }
+  const std::vector<size_t> own = {96, 184, 376, 184};
+  for (size_t slot = 0; slot < 4; ++slot) {
+    auto& v = settled[slot];
+    ASSERT_FALSE(v.empty()) << r.out;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    EXPECT_TRUE(near(v[v.size() / 2], own[slot], 8))
+        << "slot " << slot << " median share " << v[v.size() / 2] << ", expected " << own[slot];
   }
   ASSERT_FALSE((*s)["after_growth"]["regain_steps"].is_null()) << s->dump();
 }
