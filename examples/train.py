@@ -54,6 +54,13 @@ def parse_args():
     p.add_argument("--kill", default="", metavar="RANK:STEP",
                    help="rank RANK SIGKILLs itself after step STEP, in its first start only "
                         "(to time a launcher's restart: benchmarks/torchrun_restart.sh)")
+    p.add_argument("--elastic", action="store_true",
+                   help="railshard.ElasticGroup + ElasticDataParallel: survive a lost rank "
+                        "and admit a restarted one (railshard-launch --max-restarts K), with a "
+                        "ledger of every sample processed")
+    p.add_argument("--save", default="", metavar="FILE",
+                   help="--elastic: rank 0 saves the final parameters and the steps' sample "
+                        "order to FILE (torch.save), for a reference to check")
     return p.parse_args()
 
 
@@ -96,6 +103,8 @@ def main():
         except (ValueError, AssertionError):
             sys.exit(f"train.py: --kill expects RANK:STEP, got {args.kill!r}")
     torch.set_num_threads(1)  # several ranks share this host's cores
+    if args.elastic:
+        return main_elastic(args, kill, started_us)
     # dist.init_process_group after filling RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from
     # the launcher's variables where missing (mpirun, srun); railshard-launch and torchrun
     # export torch's own.
@@ -175,6 +184,120 @@ def main():
               f"{statistics.median(half) * 1000:.1f} ms{ideal}; last shares {shares}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def make_model(hidden):
+    torch.manual_seed(0)  # the launch's ranks take rank 0's parameters anyway
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10))
+
+
+def main_elastic(args, kill, started_us):
+    """The same training as main(), elastic: ranks may die and be restarted while it runs.
+
+    Each step: sync (admit joiners, or receive the state as one), next_step (this rank's
+    share), forward/backward (ElasticDataParallel all-reduces the weighted gradients), then
+    an all-reduce of which samples each rank processed into the ledger, the optimizer step,
+    commit. A lost peer anywhere in it: recover() and the step is redone by the survivors.
+    The ledger travels with the model and optimizer in the state a joiner is handed (and a
+    survivor that applied one step too many is given back), so at every epoch's end it says
+    whether each sample was processed exactly once."""
+    data = SyntheticTask(args.samples)
+    group = railshard.ElasticGroup(len(data), args.batch, micro_batch=args.micro_batch,
+                                   policy=args.policy)
+    model = make_model(args.hidden)
+    ddp = railshard.ElasticDataParallel(model, group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    slot = int(os.environ.get("RAILSHARD_RANK", group.launch_rank))  # the launcher's slot
+    per_sample_s = args.sample_ms / 1000 * (args.slow_factor if slot == args.slow_rank else 1)
+    state = {"model": model, "optimizer": optimizer,
+             "ledger": torch.zeros(len(data), dtype=torch.int32), "epochs_checked": 0,
+             "steps": []}  # steps: [epoch, first position, samples] of each committed step
+    log = group.rank == 0 and not args.quiet
+    if group.rank == 0 and not group.joined:
+        print(f"train.py --elastic: {group.size} ranks, global batch {args.batch}, "
+              f"{args.steps} steps, policy {args.policy}", flush=True)
+    # After a change of membership, rank 0 stamps the first step done on the new group; a
+    # joiner stamps its first step and when its process started (one host, one clock).
+    after = "joining" if group.joined else None
+    while group.committed_steps < args.steps:
+        step = group.committed_steps
+        try:
+            change = group.sync(state)
+            if change and "committed" in change:  # a member's grow (a joiner's is its own)
+                after = "growth"
+            if change and "committed" in change and group.rank == 0:
+                print(f"train.py: launch rank(s) {change['joined']} joined before step "
+                      f"{group.committed_steps}: {group.size} ranks (grow and hand-over "
+                      f"{change['seconds'] * 1000:.1f} ms) at {wall_us()} us", flush=True)
+            indices = group.next_step()
+            step, epoch = group.step, group.epoch
+            started = time.perf_counter()
+            x, y = data.x[indices], data.y[indices]
+            loss = F.cross_entropy(ddp(x), y)
+            time.sleep(per_sample_s * group.local_samples)  # the emulated GPU
+            optimizer.zero_grad()
+            loss.backward()  # the hook all-reduces the weighted gradients
+            computed = time.perf_counter() - started
+            counts = torch.zeros(len(data), dtype=torch.int32)
+            if group.local_samples > 0:
+                counts[torch.tensor(indices)] += 1
+            group.process_group.allreduce([counts]).wait()
+            state["ledger"] += counts
+            first = group._c.step_first_position
+            state["steps"].append([epoch, int(first), group.global_samples])
+            optimizer.step()
+            group.commit(computed)
+        except Exception as e:  # noqa: BLE001 (DDP re-raises a lost peer as RuntimeError)
+            if not railshard.is_peer_lost(e):
+                raise
+            change = group.recover(state)
+            del state["steps"][change["committed"]:]
+            after = "the loss"
+            if group.rank == 0:
+                print(f"train.py: launch rank(s) {change['lost']} lost in step {step}; "
+                      f"{group.size} survivors, steps 0..{change['committed'] - 1} stand, "
+                      f"recovered in {change['seconds'] * 1000:.1f} ms, at {wall_us()} us "
+                      f"({str(e).splitlines()[0][:160]})", flush=True)
+            continue
+        if log:
+            print(f"step {step:4d} epoch {epoch} | ranks {group.size} | shares "
+                  f"{' '.join(f'{n:4d}' for n in group.shares)} | loss {loss.item():.4f}",
+                  flush=True)
+        if after and (group.rank == 0 or after == "joining"):
+            print(f"train.py: first step after {after} (step {step}, {group.size} ranks) done at "
+                  f"{wall_us()} us" + (f"; process started at {started_us} us"
+                                       if after == "joining" else ""), flush=True)
+        after = None
+        if group.epoch_done:
+            ledger = state["ledger"]
+            missing = int((ledger == 0).sum())
+            duplicated = int((ledger > 1).sum())
+            if group.rank == 0:
+                print(f"# ledger: epoch {epoch}: {len(data)} samples, "
+                      + ("each processed exactly once" if missing == duplicated == 0 else
+                         "NOT exactly once")
+                      + f" ({missing} missing, {duplicated} duplicated)", flush=True)
+            state["ledger"] = torch.zeros(len(data), dtype=torch.int32)
+            state["epochs_checked"] += 1
+        if kill and kill == (slot, step) and restart_count() == 0:
+            print(f"train.py: rank {slot} kills itself after step {step} at {wall_us()} us",
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    # Every rank's, to show the replicas agree (a joiner's included).
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    print(f"train.py: launch rank {group.launch_rank} parameter checksum {checksum:.12g}",
+          flush=True)
+    if group.rank == 0:
+        print(f"train.py: done; {group.committed_steps} steps on {group.size} ranks, "
+              f"{len(group.changes)} membership change(s)", flush=True)
+        if args.save:
+            torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                        "steps": state["steps"], "lr": args.lr, "hidden": args.hidden,
+                        "samples": args.samples}, args.save)
+    group.close()
 
 
 if __name__ == "__main__":

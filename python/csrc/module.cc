@@ -5,7 +5,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "base/error.h"
 #include "core/dispatch/dispatcher.h"
 #include "core/dispatch/policy.h"
+#include "python/csrc/elastic_group.h"
 #include "python/csrc/named_group.h"
 #include "python/csrc/process_group.h"
 
@@ -81,6 +84,110 @@ void bindDispatcher(py::module_& m) {
       .def("fingerprint", [](const Dispatcher& d) { return d.stateFingerprint(); });
 }
 
+py::dict changeDict(const ElasticGroup::Change& c) {
+  py::dict d;
+  d["lost"] = c.lost;
+  d["joined"] = c.joined;
+  d["committed"] = c.committed;
+  d["undo"] = c.undo;
+  d["redo"] = c.redo;
+  d["seconds"] = c.seconds;
+  return d;
+}
+
+void bindElasticGroup(py::module_& m) {
+  using G = ElasticGroup;
+  using Release = py::call_guard<py::gil_scoped_release>;
+  py::class_<G>(m, "ElasticGroup",
+                "The communicator of an elastic job and the c10d process group over it "
+                "(python/csrc/elastic_group.h); railshard.ElasticGroup wraps it.")
+      .def(py::init([](const std::chrono::duration<float>& timeout, bool cuda, uint64_t epoch_size,
+                       const std::string& policy, size_t micro_batch, size_t min_micro_batches) {
+             G::Options o;
+             o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+             o.cuda = cuda;
+             o.epoch_size = epoch_size;
+             o.dispatch.policy = dispatch::parsePolicy(policy);
+             o.dispatch.micro_batch = micro_batch;
+             o.dispatch.min_micro_batches = min_micro_batches;
+             py::gil_scoped_release release;
+             return std::make_unique<G>(o);
+           }),
+           py::arg("timeout"), py::arg("cuda") = false, py::arg("epoch_size") = 0,
+           py::arg("policy") = "proportional", py::arg("micro_batch") = 1,
+           py::arg("min_micro_batches") = 0)
+      .def_property_readonly("rank", &G::rank)
+      .def_property_readonly("size", &G::size)
+      .def_property_readonly("generation", &G::generation)
+      .def_property_readonly("launch_rank", &G::launchRank)
+      .def_property_readonly("launch_ranks", &G::launchRanks)
+      .def_property_readonly("joined_running_job", &G::joinedRunningJob)
+      .def_property_readonly("process_group", &G::processGroup)
+      .def_property_readonly("has_dispatcher", &G::hasDispatcher)
+      .def("joiners_waiting", &G::joinersWaiting, Release())
+      .def("shrink",
+           [](G& g) {
+             G::Change c;
+             {
+               py::gil_scoped_release release;
+               c = g.shrink();
+             }
+             return changeDict(c);
+           })
+      .def("grow",
+           [](G& g) {
+             G::Change c;
+             {
+               py::gil_scoped_release release;
+               c = g.grow();
+             }
+             return changeDict(c);
+           })
+      .def("close", &G::close, Release())
+      .def("next_step", &G::nextStep, py::arg("global_batch"), Release())
+      .def("finish_step", &G::finishStep, py::arg("samples"), py::arg("seconds"))
+      .def("commit_step", &G::commitStep)
+      .def_property_readonly(
+          "shares",
+          [](const G& g) {
+            std::vector<size_t> out;
+            for (const auto& ranges : g.dispatcher().plan().ranges) {
+              size_t n = 0;
+              for (const auto& r : ranges) n += r.size();
+              out.push_back(n);
+            }
+            return out;
+          },
+          "Samples of the current step per dispatcher rank (0 for failed ones).")
+      .def_property_readonly("my_samples", [](const G& g) { return g.dispatcher().mySamples(); })
+      .def_property_readonly("step_samples",
+                             [](const G& g) { return g.dispatcher().stepSamples(); })
+      .def_property_readonly("step", [](const G& g) { return g.dispatcher().plan().step; })
+      .def_property_readonly("epoch",
+                             [](const G& g) { return g.dispatcher().state().dispatcher().epoch(); })
+      .def_property_readonly("epoch_done", [](const G& g) { return g.dispatcher().epochDone(); })
+      .def_property_readonly("step_first_position",
+                             [](const G& g) {
+                               uint64_t first = UINT64_MAX;
+                               for (const auto& ranges : g.dispatcher().plan().ranges) {
+                                 for (const auto& r : ranges) {
+                                   if (r.size() > 0) first = std::min(first, r.begin);
+                                 }
+                               }
+                               return first == UINT64_MAX ? uint64_t{0} : first;
+                             })
+      .def_property_readonly("redo_pending",
+                             [](const G& g) { return g.dispatcher().state().redoPending(); })
+      .def_property_readonly("committed_steps",
+                             [](const G& g) { return g.dispatcher().committedSteps(); })
+      .def_property_readonly("dispatcher_rank", [](const G& g) { return g.dispatcher().myRank(); })
+      .def_property_readonly("dispatcher_launch_ranks",
+                             [](const G& g) { return g.dispatcher().launchRanks(); })
+      .def_property_readonly("rates", [](const G& g) {
+        return g.dispatcher().state().dispatcher().estimator().rates();
+      });
+}
+
 }  // namespace
 }  // namespace railshard::python
 
@@ -128,4 +235,5 @@ PYBIND11_MODULE(_C, m) {
         "Shuts every railshard process group of this process down (registered with atexit).");
   m.attr("torch_version") = TORCH_VERSION;
   railshard::python::bindDispatcher(m);
+  railshard::python::bindElasticGroup(m);
 }

@@ -18,8 +18,15 @@ class NamedProcessGroup : public c10d::ProcessGroup {
 c10::intrusive_ptr<c10d::ProcessGroup> createNamedGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, bool cuda) {
-  auto backend = c10::make_intrusive<ProcessGroupRailshard>(store, rank, size, timeout);
-  auto group = c10::make_intrusive<NamedProcessGroup>(store, rank, size);
+  return nameGroup(c10::make_intrusive<ProcessGroupRailshard>(store, rank, size, timeout), store,
+                   cuda);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> nameGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                 const c10::intrusive_ptr<c10d::Store>& store,
+                                                 bool cuda) {
+  auto group =
+      c10::make_intrusive<NamedProcessGroup>(store, backend->getRank(), backend->getSize());
   const auto type = c10d::ProcessGroup::BackendType::CUSTOM;
   group->setBackend(c10::DeviceType::CPU, type, backend);
   if (cuda) group->setBackend(c10::DeviceType::CUDA, type, backend);

@@ -15,6 +15,12 @@ namespace railshard::python {
 // instead, with the railshard backend set for the CPU (and CUDA when `cuda`) and its own name.
 // torch skips its TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper for a group a creator returns, so the
 // package only does this outside DETAIL (python/railshard/__init__.py).
+// The same around a backend made elsewhere (ElasticGroup's); `store` is what the
+// ProcessGroup keeps (nothing of railshard's uses it).
+c10::intrusive_ptr<c10d::ProcessGroup> nameGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                 const c10::intrusive_ptr<c10d::Store>& store,
+                                                 bool cuda);
+
 c10::intrusive_ptr<c10d::ProcessGroup> createNamedGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, bool cuda);

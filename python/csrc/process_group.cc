@@ -114,6 +114,20 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     communicator_ = launcher::formCommunicator(railshard_store, rank, size, config,
                                                size > 1 ? advertiseHost(config, store) : "");
   });
+  start();
+}
+
+ProcessGroupRailshard::ProcessGroupRailshard(std::unique_ptr<Communicator> communicator,
+                                             std::shared_ptr<Store> store,
+                                             Communicator::Timeout timeout)
+    : BackendBase(communicator->rank(), communicator->size()),
+      communicator_(std::move(communicator)),
+      store_(std::move(store)),
+      timeout_(timeout) {
+  start();
+}
+
+void ProcessGroupRailshard::start() {
   worker_ = std::thread([this] { workerLoop(); });
   completer_ = std::thread([this] { completerLoop(); });
   std::lock_guard lock(registryMutex());
@@ -129,9 +143,24 @@ ProcessGroupRailshard::~ProcessGroupRailshard() {
 }
 
 void ProcessGroupRailshard::shutdown() {
+  if (stopThreads()) communicator_.reset();
+}
+
+std::unique_ptr<Communicator> ProcessGroupRailshard::release() {
+  if (!stopThreads()) return nullptr;
+  return std::move(communicator_);
+}
+
+void ProcessGroupRailshard::runOnWorker(std::function<void(Communicator&)> job) {
+  auto work = enqueue(c10d::OpType::UNKNOWN, {}, timeout_, std::move(job));
+  // The job's own collectives are bounded by their deadlines; so is what is queued before it.
+  work->wait(std::chrono::milliseconds(0));
+}
+
+bool ProcessGroupRailshard::stopThreads() {
   {
     std::lock_guard lock(mutex_);
-    if (shut_down_) return;
+    if (shut_down_) return false;
     shut_down_ = true;
     stopping_ = true;
   }
@@ -151,7 +180,7 @@ void ProcessGroupRailshard::shutdown() {
   in_flight_cv_.notify_all();
   if (completer_.joinable()) completer_.join();
   if (released != nullptr) PyEval_RestoreThread(released);
-  communicator_.reset();
+  return true;
 }
 
 void ProcessGroupRailshard::shutdownAll() {

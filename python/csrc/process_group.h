@@ -42,7 +42,20 @@ class ProcessGroupRailshard : public BackendBase {
   // set in the environment.
   ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                         std::chrono::milliseconds timeout);
+  // Over a communicator that exists already (ElasticGroup's: init()'s, or one shrink() or
+  // grow() returned). `store` serves monitoredBarrier; null: it raises InvalidArgument.
+  ProcessGroupRailshard(std::unique_ptr<Communicator> communicator, std::shared_ptr<Store> store,
+                        Communicator::Timeout timeout);
   ~ProcessGroupRailshard() override;
+
+  // Runs `job` on the worker, after everything queued before it, and waits for it: how code
+  // outside torch's collectives (ElasticGroup's dispatcher, joinersWaiting()) uses the
+  // communicator without a second thread on it. The job's error is rethrown with its kind.
+  void runOnWorker(std::function<void(Communicator&)> job);
+  // shutdown(), except that the communicator is handed back instead of closed (ElasticGroup
+  // re-forms it with shrink() or grow()). Null when it was shut down already.
+  std::unique_ptr<Communicator> release();
+  Communicator::Timeout timeout() const { return timeout_; }
 
   const std::string getBackendName() const override { return "railshard"; }
 
@@ -147,6 +160,11 @@ class ProcessGroupRailshard : public BackendBase {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          Communicator::Timeout timeout, Job job);
   void workerLoop();
+  // Starts the worker and completer and registers the group (both constructors).
+  void start();
+  // Stops the worker and completer after what is queued (shutdown() and release()); false
+  // when that happened already.
+  bool stopThreads();
   // all_reduce (SUM) of a sparse COO tensor on the CPU (process_group_sparse.cc).
   c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor,
                                                  const c10d::AllreduceOptions& opts);

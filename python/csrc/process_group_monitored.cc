@@ -16,6 +16,13 @@ constexpr Duration kVerdictGrace = std::chrono::seconds(1);
 void ProcessGroupRailshard::monitoredBarrier(const c10d::BarrierOptions& opts,
                                              bool wait_all_ranks) {
   guardedCall([&] {
+    if (!store_) {
+      // An ElasticGroup's generations share the job's store under railshard's own keys;
+      // barrier() waits the same way and names who never came.
+      throw InvalidArgument(
+          "monitored_barrier is not available on an ElasticGroup's process group (use "
+          "barrier(): its TimeoutError names the ranks that did not arrive)");
+    }
     const auto timeout = std::chrono::duration_cast<Duration>(deadline(opts.timeout));
     const auto budget = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
     const auto ms =
