@@ -51,9 +51,10 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--quiet", action="store_true", help="log a summary only")
-    p.add_argument("--kill", default="", metavar="RANK:STEP",
+    p.add_argument("--kill", default="", metavar="RANK:STEP[:backward]",
                    help="rank RANK SIGKILLs itself after step STEP, in its first start only "
-                        "(to time a launcher's restart: benchmarks/torchrun_restart.sh)")
+                        "(to time a launcher's restart: benchmarks/torchrun_restart.sh); "
+                        "with :backward (--elastic), in the step, after its backward pass")
     p.add_argument("--elastic", action="store_true",
                    help="railshard.ElasticGroup + ElasticDataParallel: survive a lost rank "
                         "and admit a restarted one (railshard-launch --max-restarts K), with a "
@@ -95,13 +96,19 @@ def wall_us():
 def main():
     started_us = wall_us()
     args = parse_args()
-    kill = None
+    kill, kill_in_backward = None, False
     if args.kill:
+        parts = args.kill.split(":")
+        kill_in_backward = len(parts) == 3 and parts[2] == "backward"
         try:
-            kill = tuple(int(v) for v in args.kill.split(":"))
-            assert len(kill) == 2
+            assert len(parts) == 2 or kill_in_backward
+            kill = (int(parts[0]), int(parts[1]))
         except (ValueError, AssertionError):
-            sys.exit(f"train.py: --kill expects RANK:STEP, got {args.kill!r}")
+            sys.exit(f"train.py: --kill expects RANK:STEP or RANK:STEP:backward, got "
+                     f"{args.kill!r}")
+        if kill_in_backward and not args.elastic:
+            sys.exit("train.py: --kill RANK:STEP:backward needs --elastic")
+    args.kill_in_backward = kill_in_backward
     torch.set_num_threads(1)  # several ranks share this host's cores
     if args.elastic:
         return main_elastic(args, kill, started_us)
@@ -241,6 +248,10 @@ def main_elastic(args, kill, started_us):
             optimizer.zero_grad()
             loss.backward()  # the hook all-reduces the weighted gradients
             computed = time.perf_counter() - started
+            if kill == (slot, step) and args.kill_in_backward and restart_count() == 0:
+                print(f"train.py: rank {slot} kills itself in step {step}, after its backward, "
+                      f"at {wall_us()} us", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             counts = torch.zeros(len(data), dtype=torch.int32)
             if group.local_samples > 0:
                 counts[torch.tensor(indices)] += 1
@@ -282,7 +293,7 @@ def main_elastic(args, kill, started_us):
                       + f" ({missing} missing, {duplicated} duplicated)", flush=True)
             state["ledger"] = torch.zeros(len(data), dtype=torch.int32)
             state["epochs_checked"] += 1
-        if kill and kill == (slot, step) and restart_count() == 0:
+        if kill == (slot, step) and not args.kill_in_backward and restart_count() == 0:
             print(f"train.py: rank {slot} kills itself after step {step} at {wall_us()} us",
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -79,14 +79,14 @@ ProcessGroupRailshard& ElasticGroup::backend(const char* call) {
 dispatch::CollectiveDispatcher& ElasticGroup::mutableDispatcher(const char* call) {
   if (!dispatcher_) {
     throw InvalidArgument(std::string("ElasticGroup.") + call +
-                          ": the group has no dispatcher (pass epoch_size)");
+                          ": the group has no dispatcher (pass dataset_size)");
   }
   return *dispatcher_;
 }
 
 const dispatch::CollectiveDispatcher& ElasticGroup::dispatcher() const {
   if (!dispatcher_) {
-    throw InvalidArgument("ElasticGroup: the group has no dispatcher (pass epoch_size)");
+    throw InvalidArgument("ElasticGroup: the group has no dispatcher (pass dataset_size)");
   }
   return *dispatcher_;
 }
