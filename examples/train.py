@@ -212,9 +212,11 @@ def main_elastic(args, kill, started_us):
     survivor that applied one step too many is given back), so at every epoch's end it says
     whether each sample was processed exactly once."""
     data = SyntheticTask(args.samples)
+    # The model first: a joiner's time between joining and its first sync() holds the
+    # members up (they wait to hand it the state), so it prepares before it joins.
+    model = make_model(args.hidden)
     group = railshard.ElasticGroup(len(data), args.batch, micro_batch=args.micro_batch,
                                    policy=args.policy)
-    model = make_model(args.hidden)
     ddp = railshard.ElasticDataParallel(model, group)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     slot = int(os.environ.get("RAILSHARD_RANK", group.launch_rank))  # the launcher's slot
@@ -231,6 +233,7 @@ def main_elastic(args, kill, started_us):
     after = "joining" if group.joined else None
     while group.committed_steps < args.steps:
         step = group.committed_steps
+        step_started = time.perf_counter()
         try:
             change = group.sync(state)
             if change and "committed" in change:  # a member's grow (a joiner's is its own)
@@ -275,8 +278,9 @@ def main_elastic(args, kill, started_us):
             continue
         if log:
             print(f"step {step:4d} epoch {epoch} | ranks {group.size} | shares "
-                  f"{' '.join(f'{n:4d}' for n in group.shares)} | loss {loss.item():.4f}",
-                  flush=True)
+                  f"{' '.join(f'{n:4d}' for n in group.shares)} | step "
+                  f"{(time.perf_counter() - step_started) * 1000:6.1f} ms | loss "
+                  f"{loss.item():.4f}", flush=True)
         if after and (group.rank == 0 or after == "joining"):
             print(f"train.py: first step after {after} (step {step}, {group.size} ranks) done at "
                   f"{wall_us()} us" + (f"; process started at {started_us} us"

@@ -29,6 +29,7 @@ group's current process group, weighted by each rank's share. See docs/pytorch.m
 
 import datetime
 import io
+import os
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -91,6 +92,11 @@ class ElasticGroup:
             raise ValueError(f"ElasticGroup: global_batch_size {global_batch_size} < 1")
         from . import _C
 
+        if os.environ.get("RAILSHARD_JOIN") == "1":
+            # Between its admission and its first sync() a joiner holds the members up (they
+            # wait in the state hand-over): pay torch's lazy imports of a first DDP (about
+            # 1.5 s of torch._dynamo in torch 2.x) before asking to join.
+            _warm_up_ddp()
         self._c = _C.ElasticGroup(
             timeout, bool(torch.version.cuda), dataset_size, policy, micro_batch, min_micro_batches
         )
@@ -300,6 +306,10 @@ def _solo_group():
     if hasattr(_C, "create_named_group"):
         return _C.create_named_group(dist.HashStore(), 0, 1, timeout, False)
     return _C.create_backend(dist.HashStore(), 0, 1, timeout)
+
+
+def _warm_up_ddp() -> None:
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1), process_group=_solo_group())
 
 
 def _elastic_allreduce_hook(

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue #23's PyTorch kill-and-restart target, side by side with torchrun: examples/train.py
+# (4 ranks, DDP, 1 ms of emulated compute per sample, global batch 512), rank 2 SIGKILLs
+# itself after step 12.
+#   railshard: railshard-launch --max-restarts 1 and train.py --elastic (ElasticGroup +
+#     ElasticDataParallel): the survivors shrink and go on, the restarted process joins
+#     at a step boundary and is handed model, optimizer and ledger.
+#   torchrun:  torchrun --max-restarts 1 and train.py (plain DDP, backend railshard): torchrun
+#     stops every worker and starts the group again; no checkpoint, so it begins at step 0.
+# Trials alternate between the two. Per trial, from the processes' own wall-clock stamps (one
+# host, one clock):
+#   kill -> first step on 3 ranks   (railshard only: torchrun has no 3-rank phase)
+#   start -> first step on 4 ranks  (the restarted process's start -> its first step)
+#   kill -> first step on 4 ranks
+#   regain steps (railshard): steps on 4 ranks until one is within 5% of the median step
+#     before the kill
+# Prints medians and maxima; the ledger of every epoch must say "exactly once".
+#
+#   benchmarks/elastic_restart.sh [TORCH_BUILD_DIR] [TRIALS]
+# TORCH_BUILD_DIR: a build with the extension for the venv's torch (default build-torch2).
+# torchrun trials need /opt/railshard-torch-venv (scripts/torch_venv.sh); without it only
+# railshard's run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build-torch2}
+trials=${2:-3}
+venv=${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv}
+python=$venv/bin/python
+[ -x "$python" ] || python=python3
+launch=$root/$build/launcher/tools/railshard-launch
+[ -x "$launch" ] || { echo "no $launch (build railshard-launch)" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+common=(--steps 40 --kill 2:12)
+
+for ((t = 0; t < trials; ++t)); do
+  PYTHONPATH="$root/$build/python" OMP_NUM_THREADS=1 timeout 300 "$launch" -n 4 \
+    --max-restarts 1 "$python" "$root/examples/train.py" --elastic "${common[@]}" \
+    >"$tmp/railshard.$t.out" 2>&1 || echo "railshard trial $t: exit $?" >&2
+  if [ -x "$venv/bin/torchrun" ]; then
+    # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see benchmarks/torchrun_restart.sh.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONPATH="$root/$build/python" OMP_NUM_THREADS=1 \
+      timeout 300 "$venv/bin/torchrun" --standalone --nproc_per_node 4 --max-restarts 1 \
+      "$root/examples/train.py" --backend railshard "${common[@]}" --quiet \
+      >"$tmp/torchrun.$t.out" 2>&1 || echo "torchrun trial $t: exit $?" >&2
+  fi
+done
+
+"$python" - "$tmp" "$trials" <<'PY'
+import os, re, statistics, sys
+tmp, trials = sys.argv[1], int(sys.argv[2])
+rows = {}
+def add(name, value):
+    rows.setdefault(name, []).append(value)
+for t in range(trials):
+    out = open(f"{tmp}/railshard.{t}.out").read()
+    killed = re.search(r"rank 2 kills itself after step 12 at (\d+) us", out)
+    shrunk = re.search(r"first step after the loss \(step \d+, 3 ranks\) done at (\d+) us", out)
+    joined = re.search(r"first step after joining \(step (\d+), 4 ranks\) done at (\d+) us; "
+                       r"process started at (\d+) us", out)
+    ledgers = re.findall(r"# ledger: epoch \d+: .*", out)
+    if not (killed and shrunk and joined and "train.py: done" in out):
+        print(f"railshard trial {t}: incomplete; output tail:\n{out[-2000:]}", file=sys.stderr)
+        continue
+    kill_us = int(killed.group(1))
+    add("railshard kill -> first step on 3 ranks (s)", (int(shrunk.group(1)) - kill_us) / 1e6)
+    add("railshard start -> first step on 4 ranks (s)",
+        (int(joined.group(2)) - int(joined.group(3))) / 1e6)
+    add("railshard kill -> first step on 4 ranks (s)", (int(joined.group(2)) - kill_us) / 1e6)
+    steps = {int(s): (int(r), float(ms)) for s, r, ms in
+             re.findall(r"\] step +(\d+) epoch \d+ \| ranks (\d) \|.*\| step +([\d.]+) ms", out)}
+    before = statistics.median(ms for s, (r, ms) in steps.items() if 4 <= s < 12)
+    first = int(joined.group(1))
+    regain = next((s - first + 1 for s in sorted(steps) if s >= first and steps[s][0] == 4
+                   and steps[s][1] <= before * 1.05), None)
+    if regain is not None:
+        add("railshard regain steps", regain)
+    ok = all("exactly once" in line for line in ledgers) and ledgers
+    print(f"railshard trial {t}: joined before step {first}; median step before the kill "
+          f"{before:.1f} ms; ledgers {'all exactly once' if ok else 'NOT OK: ' + str(ledgers)}")
+for t in range(trials):
+    path = f"{tmp}/torchrun.{t}.out"
+    if not os.path.exists(path):
+        continue
+    out = open(path).read()
+    killed = re.search(r"rank 2 kills itself after step 12 at (\d+) us", out)
+    first = re.search(r"first step after restart 1 \(step (\d+)\) done at (\d+) us; "
+                      r"process started at (\d+) us", out)
+    if not (killed and first and "train.py: done" in out):
+        print(f"torchrun trial {t}: incomplete; output tail:\n{out[-1500:]}", file=sys.stderr)
+        continue
+    add("torchrun start -> first step on 4 ranks (s)",
+        (int(first.group(2)) - int(first.group(3))) / 1e6)
+    add("torchrun kill -> first step on 4 ranks (s)",
+        (int(first.group(2)) - int(killed.group(1))) / 1e6)
+    print(f"torchrun trial {t}: the restarted group began again at step {first.group(1)}")
+for name, values in rows.items():
+    print(f"{name:46s} n={len(values)} median {statistics.median(values):.3f} "
+          f"max {max(values):.3f}")
+PY
