@@ -10,19 +10,29 @@ shares and compute times, so you can watch the shares move.
     PYTHONPATH=build/python torchrun --nproc_per_node 4 examples/train.py
     PYTHONPATH=build/python mpirun -n 4 -x PYTHONPATH python3 examples/train.py
 
+With ``--elastic`` the same training survives a lost rank and takes a restarted one back
+(railshard.ElasticGroup + ElasticDataParallel; a ledger proves every sample once per epoch):
+
+    PYTHONPATH=build/python build/launcher/tools/railshard-launch -n 4 --max-restarts 1 \\
+        /usr/bin/python3 examples/train.py --elastic --kill 2:12
+
 See docs/pytorch.md.
 """
 
-import argparse
-import os
-import signal
-import statistics
-import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+# Before the imports: restart figures count from the process's start, torch's import included.
+STARTED_US = time.time_ns() // 1000
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 try:
     import railshard
@@ -94,7 +104,7 @@ def wall_us():
 
 
 def main():
-    started_us = wall_us()
+    started_us = STARTED_US
     args = parse_args()
     kill, kill_in_backward = None, False
     if args.kill:
@@ -215,8 +225,15 @@ def main_elastic(args, kill, started_us):
     # The model first: a joiner's time between joining and its first sync() holds the
     # members up (they wait to hand it the state), so it prepares before it joins.
     model = make_model(args.hidden)
+    imported_us = wall_us()
     group = railshard.ElasticGroup(len(data), args.batch, micro_batch=args.micro_batch,
                                    policy=args.policy)
+    if group.joined:
+        # Where a restart's time goes: the imports, then ElasticGroup() (DDP's lazy imports,
+        # asking to join, the members' next step boundary, connecting).
+        print(f"train.py: joined the running job as launch rank {group.launch_rank}: imports "
+              f"{(imported_us - started_us) / 1e6:.3f} s, ElasticGroup() "
+              f"{(wall_us() - imported_us) / 1e6:.3f} s", flush=True)
     ddp = railshard.ElasticDataParallel(model, group)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     slot = int(os.environ.get("RAILSHARD_RANK", group.launch_rank))  # the launcher's slot

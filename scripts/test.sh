@@ -4,7 +4,8 @@
 # Python tests again under a current torch 2.x:
 #   - scripts/torch_venv.sh makes sure the cached venv with torch 2.x exists (outside the
 #     checkout; created only when missing, which needs network access once);
-#   - build-torch2/ builds only the extension (and railshard-launch) for that torch;
+#   - build-torch2/ builds only the extension (and railshard-launch, railshard-store) for
+#     that torch;
 #   - pytest runs tests/python with that venv's interpreter against build-torch2/python.
 # RAILSHARD_SKIP_TORCH2=1 skips the torch 2.x pass (a machine without network). Both passes
 # always run; the script fails if either fails.
@@ -37,7 +38,7 @@ build2="$root/build-torch2"
 cmake -S "$root" -B "$build2" -DCMAKE_BUILD_TYPE=Release \
   -DRAILSHARD_PYTHON="$venv/bin/python" -DRAILSHARD_WITH_TORCH=ON \
   -DRAILSHARD_BUILD_TESTS=OFF -DRAILSHARD_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build2" -j "$(nproc)" --target railshard_torch railshard-launch
+cmake --build "$build2" -j "$(nproc)" --target railshard_torch railshard-launch railshard-store
 # From tests/python with no cache and no bytecode: nothing is left in the source tree.
 (cd "$root/tests/python" &&
   RAILSHARD_BUILD_PYTHON="$build2/python" RAILSHARD_REQUIRE_MODULE=1 \

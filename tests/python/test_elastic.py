@@ -159,3 +159,28 @@ def test_unsupported_arguments_are_errors_naming_them(tmp_path):
     assert "ValueError: ElasticDataParallel: static_graph=True is not supported" in out, out
     assert "ValueError: ElasticDataParallel: find_unused_parameters=False is not supported" in out
     assert "after close: railshard ALLREDUCE: the process group was shut down" in out, out
+
+
+STORE = BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-store"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.skipif(not STORE.exists(), reason=f"{STORE} not built")
+def test_on_two_emulated_hosts_a_hand_restarted_rank_rejoins():
+    # benchmarks/elastic_restart.sh 2x2: two hosts of the namespace test bed (own host names,
+    # two rails), two ranks each started by hand, the store in railshard-store on host 0;
+    # rank 2 on host 1 is SIGKILLed after step 12 and started again there with
+    # RAILSHARD_JOIN=1. The survivors span both hosts (shared memory inside host 0, TCP
+    # rails between), and so does the grown group.
+    env = _env()
+    env["RAILSHARD_BENCH_PYTHON"] = sys.executable
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "elastic_restart.sh"), str(BUILD_PYTHON.parent), "1",
+         "2x2"], env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"railshard trial 0: joined before step \d+; .*; ledgers all exactly once; "
+                     r"replicas agree", out), out
+    for row in ("kill -> first step on 3 ranks", "start -> first step on 4 ranks",
+                "kill -> first step on 4 ranks"):
+        assert re.search(rf"railshard {row} \(s\) +n=1 ", out), out
