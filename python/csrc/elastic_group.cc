@@ -113,7 +113,8 @@ ElasticGroup::Change ElasticGroup::shrink() {
     try {
       survivors = old->shrink(timeout_);
     } catch (...) {
-      adopt(std::move(old));  // still this group's (poisoned): shrink() may be tried again
+      // Retired by the failed shrink(): every later call says so, none waits or hangs.
+      adopt(std::move(old));
       throw;
     }
     Change change;

@@ -149,16 +149,17 @@ class ElasticGroup:
         if self._state_pending:
             self._state_pending = False
             self._broadcast_state(state, 0)
-            change = {"lost": [], "joined": [self.launch_rank], "seconds": 0.0}
-            return change
+            self._undo(state, {"undo": False})  # in step with the members' _undo()
+            return {"lost": [], "joined": [self.launch_rank], "seconds": 0.0}
         if self._c.has_dispatcher and self._c.redo_pending:
             return None  # the step a failure left open is redone first
         if self._c.joiners_waiting() == 0:
             return None
         change = dict(self._c.grow())
         self._broadcast_state(state, 0)
-        if change.get("undo"):
-            self._undo(state, change)
+        # A member that did not come to the grow (it died at the boundary) is handled as by
+        # recover(): who applied one step too many takes the state back, joiners included.
+        self._undo(state, change)
         self.changes.append(change)
         return change
 
@@ -221,6 +222,11 @@ class ElasticGroup:
         """Collective: this rank's dataset indices of the next step (the step a failure left
         open, after ``recover()``). A rank with no share gets one padding sample of weight
         0 (``local_samples`` is 0), so that it still takes part in the all-reduce."""
+        if self._state_pending:
+            raise RuntimeError(
+                "ElasticGroup.next_step: this process joined a running job; call "
+                "sync(state) first (the members hand it the state there)"
+            )
         ranges = self._c.next_step(self.global_batch_size)
         order = self._epoch_order()
         mine = [i for begin, end in ranges for i in order[begin:end]]
