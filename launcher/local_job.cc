@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -284,10 +285,16 @@ class Supervisor {
     if (options_.elastic && rank < static_cast<size_t>(options_.world_size)) markLost(rank, how);
 
     const size_t others = ranks_.runningCount();
+    const bool unbounded = options_.max_failures == std::numeric_limits<int>::max();
     const std::string count =
-        "failure " + std::to_string(failures_) + " of " + std::to_string(options_.max_failures);
-    if (options_.elastic && failures_ <= options_.max_failures) {
-      if (restarts_ < options_.max_restarts && others > 0) {
+        "failure " + std::to_string(failures_) +
+        (unbounded ? "" : " of " + std::to_string(options_.max_failures)) +
+        (options_.min_ranks > 0 ? ", --min-ranks " + std::to_string(options_.min_ranks) : "");
+    const bool restart = restarts_ < options_.max_restarts && others > 0;
+    const size_t left = others + (restart ? 1 : 0);
+    const bool enough = left >= static_cast<size_t>(std::max(options_.min_ranks, 0));
+    if (options_.elastic && failures_ <= options_.max_failures && enough) {
+      if (restart) {
         ++restarts_;
         restart_.push_back(rank);
         notice("restarting " + label(rank) + " to join the " + plural(others, "rank") +
@@ -303,7 +310,10 @@ class Supervisor {
     if (others > 0) {
       std::string line = others == 1 ? "stopping the other rank"
                                      : "stopping the other " + std::to_string(others) + " ranks";
-      if (options_.elastic) {
+      if (options_.elastic && !enough) {
+        line += " (elastic: " + plural(left, "rank") + " left, fewer than --min-ranks " +
+                std::to_string(options_.min_ranks) + ")";
+      } else if (options_.elastic) {
         line += " (elastic: failure " + std::to_string(failures_) +
                 " is more than --max-failures " + std::to_string(options_.max_failures) + ")";
       }
@@ -472,6 +482,13 @@ int runLocalJob(const LocalJobOptions& options) {
   if (options.elastic && options.max_failures < 0) {
     throw InvalidArgument("max_failures must not be negative, got " +
                           std::to_string(options.max_failures));
+  }
+  if (options.min_ranks < 0 || options.min_ranks > options.world_size ||
+      (options.min_ranks > 0 && !options.elastic)) {
+    throw InvalidArgument("min_ranks must be 0, or 1 to the world size (" +
+                          std::to_string(options.world_size) + ") in elastic mode; got " +
+                          std::to_string(options.min_ranks) +
+                          (options.elastic ? "" : " without elastic"));
   }
   if (options.max_restarts < 0 || (options.max_restarts > 0 && !options.elastic)) {
     throw InvalidArgument("max_restarts must be 0, or positive in elastic mode; got " +

@@ -34,6 +34,10 @@ struct LocalJobOptions {
   // the launcher's store, and the members let it in with grow()). Each restart is also a
   // failure counted against max_failures.
   int max_restarts = 0;
+  // Elastic mode: the job carries on after a failure only while at least `min_ranks` ranks
+  // are left running (a rank being restarted counts); 0: no floor. With it, max_failures
+  // may be left at its maximum (railshard-launch --min-ranks alone does that).
+  int min_ranks = 0;
   // Named in the failure line; empty: this machine's host name.
   std::string host_name;
   // Called with one line (no newline) for each thing the user should know: a rank failed, a

@@ -404,6 +404,45 @@ TEST(LaunchTest, ElasticToleratesUpToMaxFailures) {
   EXPECT_EQ(byRank(r.out)[2], (std::vector<std::string>{"finished"})) << describe(r);
 }
 
+// --min-ranks: any number of failures while enough ranks are left; the one that leaves
+// fewer stops the job.
+TEST(LaunchTest, MinRanksCarriesOnWhileEnoughAreLeftAndStopsBelow) {
+  const ProcessResult r = launch(shellJob(4,
+                                          "case $RAILSHARD_RANK in 1) exit 3;; "
+                                          "2) sleep 0.3; exit 4;; 0) sleep 0.8; exit 5;; esac; "
+                                          "exec sleep 30",
+                                          {"--min-ranks", "2", "--grace", "5"}));
+  EXPECT_EQ(r.exit_code, 3) << "the first failure's status\n" << describe(r);
+  EXPECT_NE(r.err.find("railshard-launch: continuing with 3 ranks (elastic, failure 1, "
+                       "--min-ranks 2)\n"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find("railshard-launch: continuing with 2 ranks (elastic, failure 2, "
+                       "--min-ranks 2)\n"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find(failureLine(0, "exited with status 5", "it wrote nothing to stderr", false) +
+                       "railshard-launch: stopping the other rank (elastic: 1 rank left, fewer "
+                       "than --min-ranks 2)\n"),
+            std::string::npos)
+      << describe(r);
+}
+
+TEST(LaunchTest, MinRanksJobEndsWellWhenTheFloorHolds) {
+  const ProcessResult r = launch(shellJob(3,
+                                          "if [ $RAILSHARD_RANK = 0 ]; then exit 3; fi; "
+                                          "sleep 1; echo finished",
+                                          {"--min-ranks", "2"}));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("continuing with 2 ranks (elastic, failure 1, --min-ranks 2)"),
+            std::string::npos)
+      << describe(r);
+  const auto out = byRank(r.out);
+  for (const int rank : {1, 2}) {
+    EXPECT_EQ(out.at(rank), (std::vector<std::string>{"finished"})) << describe(r);
+  }
+}
+
 TEST(LaunchTest, ElasticJobInWhichNoRankSucceedsFails) {
   const ProcessResult r =
       launch(shellJob(2, "if [ $RAILSHARD_RANK = 1 ]; then sleep 0.3; exit 6; fi; exit 5",
@@ -546,6 +585,11 @@ TEST(LaunchTest, UsageErrorsExitTwoNamingTheProblem) {
       {{"-n", "2", "--max-failures", "-1", "/bin/true"}, "--max-failures"},
       {{"-n", "2", "--max-failures", "many", "/bin/true"}, "--max-failures"},
       {{"-n", "2", "--max-failures"}, "option --max-failures needs a value"},
+      {{"-n", "4", "--min-ranks", "0", "/bin/true"},
+       "--min-ranks must be between 1 and -n (4), got 0"},
+      {{"-n", "4", "--min-ranks", "5", "/bin/true"},
+       "--min-ranks must be between 1 and -n (4), got 5"},
+      {{"-n", "4", "--min-ranks", "two", "/bin/true"}, "--min-ranks"},
   };
   for (const auto& c : cases) {
     const ProcessResult r = launch(c.args, kNoToken, 5s);
@@ -563,7 +607,7 @@ TEST(LaunchTest, HelpAndVersion) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("usage: railshard-launch -n N"), std::string::npos) << help.out;
   for (const char* option : {"--store-host", "--store-port", "--grace", "--no-prefix", "--elastic",
-                             "--max-failures", "railshard/lost/"}) {
+                             "--max-failures", "--min-ranks", "railshard/lost/"}) {
     EXPECT_NE(help.out.find(option), std::string::npos) << option;
   }
   const ProcessResult version = launch({"--version"});

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,9 @@ constexpr const char* kHelp =
     "                       RAILSHARD_JOIN=1, railshard::init() joins the running job\n"
     "                       through the launcher's store, and the members admit it with\n"
     "                       Communicator::grow()\n"
+    "  --min-ranks N        the job carries on after a failure while at least N ranks\n"
+    "                       are left running, a rank being restarted included (implies\n"
+    "                       --elastic; without --max-failures, any number of failures)\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
@@ -89,6 +93,7 @@ struct Arguments {
   std::string trace;  // --trace DIR (or RAILSHARD_TRACE)
   std::optional<int> max_failures;
   std::optional<int> max_restarts;
+  std::optional<int> min_ranks;
   bool help = false;
   bool version = false;
 };
@@ -190,6 +195,8 @@ Arguments parseArguments(int argc, char** argv) {
       args.max_failures = parseCount("--max-failures", value());
     } else if (name == "--max-restarts") {
       args.max_restarts = parseCount("--max-restarts", value());
+    } else if (name == "--min-ranks") {
+      args.min_ranks = parseCount("--min-ranks", value());
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -216,6 +223,16 @@ Arguments parseArguments(int argc, char** argv) {
     args.job.elastic = true;
     args.job.max_restarts = *args.max_restarts;
     if (!args.max_failures) args.job.max_failures = std::max(1, *args.max_restarts);
+  }
+  if (args.min_ranks) {
+    if (*args.min_ranks < 1 || *args.min_ranks > *ranks) {
+      throw UsageError{"--min-ranks must be between 1 and -n (" + std::to_string(*ranks) +
+                       "), got " + std::to_string(*args.min_ranks)};
+    }
+    args.job.elastic = true;
+    args.job.min_ranks = *args.min_ranks;
+    // The floor decides; restarts still count against --max-failures when it is given.
+    if (!args.max_failures) args.job.max_failures = std::numeric_limits<int>::max();
   }
   args.job.command.assign(argv + i, argv + argc);
   return args;

@@ -122,6 +122,43 @@ def test_the_launcher_restarts_a_killed_rank_it_joins_and_training_matches_one_p
     _check_result(out, save, steps=70, epochs=4, ranks=[0, 1, 3, 4])
 
 
+def test_a_job_started_on_two_ranks_grows_to_four_with_two_joiners_at_once(tmp_path):
+    # railshard-launch --min-ranks 1 on a fixed port with a known token; two more processes
+    # started beside it "by hand" (as from another shell or host) with the job's store
+    # address, token and RAILSHARD_JOIN=1. They connect when the store is up (retrying until
+    # it is), ask to join, and the two members admit both in one grow.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    save = tmp_path / "final.pt"
+    args = SMALL + ["--steps", "48", "--sample-ms", "4"]
+    env = _env()
+    env["RAILSHARD_TOKEN"] = "grow-from-the-start"
+    members = subprocess.Popen(
+        [str(LAUNCH), "-n", "2", "--min-ranks", "1", "--store-port", str(port), sys.executable,
+         str(TRAIN), "--elastic", "--save", str(save)] + args,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    joiner_env = dict(env, RAILSHARD_JOIN="1", RAILSHARD_STORE_EXTERNAL="1",
+                      RAILSHARD_STORE_ADDR=f"127.0.0.1:{port}", RAILSHARD_RANK="0",
+                      RAILSHARD_WORLD_SIZE="2")
+    joiners = [subprocess.Popen([sys.executable, str(TRAIN), "--elastic"] + args,
+                                env=joiner_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in [members] + joiners]
+    finally:
+        for p in [members] + joiners:
+            p.kill()
+    out = "\n".join(outs)
+    assert [p.returncode for p in [members] + joiners] == [0, 0, 0], out
+    joined = re.search(r"launch rank\(s\) \[2, 3\] joined before step (\d+): 4 ranks", out)
+    assert joined and int(joined.group(1)) < 48, out
+    assert "train.py: done; 48 steps on 4 ranks, 1 membership change(s)" in out, out
+    _check_result(out, save, steps=48, epochs=3, ranks=[0, 1, 2, 3])
+
+
 def test_unsupported_arguments_are_errors_naming_them(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text(
