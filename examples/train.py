@@ -277,8 +277,7 @@ def main_elastic(args, kill, started_us):
                 counts[torch.tensor(indices)] += 1
             group.process_group.allreduce([counts]).wait()
             state["ledger"] += counts
-            first = group._c.step_first_position
-            state["steps"].append([epoch, int(first), group.global_samples])
+            state["steps"].append([epoch, group.step_start, group.global_samples])
             optimizer.step()
             group.commit(computed)
         except Exception as e:  # noqa: BLE001 (DDP re-raises a lost peer as RuntimeError)

@@ -36,6 +36,8 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from .sampler import epoch_order
+
 # Long enough for a restarted process to start (import torch, build its model) and join.
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -232,18 +234,13 @@ class ElasticGroup:
         mine = [i for begin, end in ranges for i in order[begin:end]]
         self._padded = not mine
         if self._padded:
-            mine = [order[int(self._c.step_first_position)]]
+            mine = [order[self.step_start]]
         return mine
 
     def _epoch_order(self) -> List[int]:
         epoch = self.epoch
         if self._order is None or self._order_epoch != epoch:
-            if self.shuffle:
-                generator = torch.Generator()
-                generator.manual_seed(self.seed + epoch)
-                self._order = torch.randperm(self.dataset_size, generator=generator).tolist()
-            else:
-                self._order = list(range(self.dataset_size))
+            self._order = epoch_order(self.dataset_size, self.shuffle, self.seed, epoch)
             self._order_epoch = epoch
         return self._order
 
@@ -277,6 +274,12 @@ class ElasticGroup:
     @property
     def step(self) -> int:
         return int(self._c.step)
+
+    @property
+    def step_start(self) -> int:
+        """The current step's first position in the epoch's order (a step covers
+        ``global_samples`` positions from there, over all ranks)."""
+        return int(self._c.step_first_position)
 
     @property
     def epoch(self) -> int:

@@ -30,6 +30,17 @@ from torch.utils.data import Sampler
 _UNREPORTED_WARNING = 64
 
 
+def epoch_order(size: int, shuffle: bool, seed: int, epoch: int) -> List[int]:
+    """The dataset's order in an epoch: a permutation from a ``torch.Generator`` seeded
+    ``seed + epoch`` (the same on every rank), or 0..size-1 without shuffle. Shared by
+    ThroughputSampler and ElasticGroup, so both hand out an epoch alike."""
+    if not shuffle:
+        return list(range(size))
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(size, generator=generator).tolist()
+
+
 class _Step:
     """One planned step as every rank sees it."""
 
@@ -316,13 +327,9 @@ class ThroughputSampler(Sampler[List[int]]):
                     self.dispatcher.report(r, float(n), s)
 
     def _order(self) -> List[int]:
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.dataset_len, generator=generator).tolist()
-        else:
-            order = list(range(self.dataset_len))
-        return order[: self._epoch_size]
+        return epoch_order(self.dataset_len, self.shuffle, self.seed, self.epoch)[
+            : self._epoch_size
+        ]
 
     def _device(self) -> torch.device:
         # NCCL gathers only CUDA tensors; every other backend (railshard, gloo, mpi) takes CPU.
