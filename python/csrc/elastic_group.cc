@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -101,79 +102,35 @@ int ElasticGroup::joinersWaiting() {
   });
 }
 
-ElasticGroup::Change ElasticGroup::shrink() {
+ElasticGroup::Change ElasticGroup::reform(
+    const char* call, const std::function<std::unique_ptr<Communicator>(Communicator&)>& form,
+    const std::function<void(Communicator&, Change&)>& follow) {
   return guardedCall([&] {
     const auto start = Clock::now();
-    std::unique_ptr<Communicator> old = backend("shrink").release();
+    std::unique_ptr<Communicator> old = backend(call).release();
     backend_.reset();
     group_.reset();
-    if (!old) throw InvalidArgument("ElasticGroup.shrink: the group is closed");
+    if (!old) throw InvalidArgument(std::string("ElasticGroup.") + call + ": the group is closed");
     const std::vector<int> before = old->worldRanks();
-    std::unique_ptr<Communicator> survivors;
+    std::unique_ptr<Communicator> next;
     try {
-      survivors = old->shrink(timeout_);
+      next = form(*old);
     } catch (...) {
-      // Retired by the failed shrink(): every later call says so, none waits or hangs.
+      // Retired by the failed shrink()/grow(): every later call says so, none waits or hangs.
       adopt(std::move(old));
       throw;
     }
     Change change;
     if (dispatcher_) {
       try {
-        const dispatch::Recovery recovery = dispatcher_->recover(*survivors);
-        change.committed = recovery.committed;
-        change.undo = recovery.undo_last_step;
-        change.redo = recovery.redo;
+        follow(*next, change);
       } catch (...) {
-        // Another peer lost during recover(): the caller shrinks again, then recovers.
-        adopt(std::move(survivors));
+        // Another peer lost while the dispatcher followed: the caller shrinks again.
+        adopt(std::move(next));
         throw;
       }
     }
-    adopt(std::move(survivors));
-    old.reset();
-    for (const int r : before) {
-      if (std::find(launch_ranks_.begin(), launch_ranks_.end(), r) == launch_ranks_.end()) {
-        change.lost.push_back(r);
-      }
-    }
-    change.seconds = secondsSince(start);
-    return change;
-  });
-}
-
-ElasticGroup::Change ElasticGroup::grow() {
-  return guardedCall([&] {
-    const auto start = Clock::now();
-    std::unique_ptr<Communicator> old = backend("grow").release();
-    backend_.reset();
-    group_.reset();
-    if (!old) throw InvalidArgument("ElasticGroup.grow: the group is closed");
-    const std::vector<int> before = old->worldRanks();
-    std::unique_ptr<Communicator> grown;
-    try {
-      grown = old->grow(timeout_);
-    } catch (...) {
-      adopt(std::move(old));
-      throw;
-    }
-    Change change;
-    if (dispatcher_) {
-      try {
-        const auto admission = dispatcher_->admit(*grown);
-        if (admission.recovery) {
-          change.committed = admission.recovery->committed;
-          change.undo = admission.recovery->undo_last_step;
-          change.redo = admission.recovery->redo;
-        } else {
-          change.committed = dispatcher_->committedSteps();
-        }
-      } catch (...) {
-        adopt(std::move(grown));
-        throw;
-      }
-    }
-    adopt(std::move(grown));
+    adopt(std::move(next));
     old.reset();
     for (const int r : before) {
       if (std::find(launch_ranks_.begin(), launch_ranks_.end(), r) == launch_ranks_.end()) {
@@ -186,6 +143,35 @@ ElasticGroup::Change ElasticGroup::grow() {
     change.seconds = secondsSince(start);
     return change;
   });
+}
+
+namespace {
+void takeRecovery(const dispatch::Recovery& recovery, ElasticGroup::Change& change) {
+  change.committed = recovery.committed;
+  change.undo = recovery.undo_last_step;
+  change.redo = recovery.redo;
+}
+}  // namespace
+
+ElasticGroup::Change ElasticGroup::shrink() {
+  return reform(
+      "shrink", [&](Communicator& c) { return c.shrink(timeout_); },
+      [&](Communicator& survivors, Change& change) {
+        takeRecovery(dispatcher_->recover(survivors), change);
+      });
+}
+
+ElasticGroup::Change ElasticGroup::grow() {
+  return reform(
+      "grow", [&](Communicator& c) { return c.grow(timeout_); },
+      [&](Communicator& grown, Change& change) {
+        const auto admission = dispatcher_->admit(grown);
+        if (admission.recovery) {
+          takeRecovery(*admission.recovery, change);
+        } else {
+          change.committed = dispatcher_->committedSteps();
+        }
+      });
 }
 
 void ElasticGroup::close() {

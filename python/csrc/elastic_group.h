@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -77,6 +78,12 @@ class ElasticGroup {
   const dispatch::CollectiveDispatcher& dispatcher() const;
 
  private:
+  // shrink() and grow(): takes the communicator from the process group, `form`s the next
+  // generation from it, lets the dispatcher `follow` (when there is one) and wraps the result;
+  // on an error the communicator it was left with is wrapped again (the caller may shrink).
+  Change reform(const char* call,
+                const std::function<std::unique_ptr<Communicator>(Communicator&)>& form,
+                const std::function<void(Communicator&, Change&)>& follow);
   // Wraps `communicator` in a new process group and reads its numbering.
   void adopt(std::unique_ptr<Communicator> communicator);
   ProcessGroupRailshard& backend(const char* call);
