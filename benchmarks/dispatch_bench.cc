@@ -424,10 +424,10 @@ int run(int argc, char** argv) {
     handOver(*comm, false, m.my_slot, m.state);
     std::printf(
         "# slot %d rejoined as launch rank %d (dispatcher rank %d) before step %llu: process "
-        "started at %lld us, admitted at %lld us, handed its state at %lld us\n",
+        "started at %lld us, admitted at %lld us, handed its state at %lld us (%s)\n",
         m.my_slot, comm->worldRank(), m.joined->myRank(),
         static_cast<unsigned long long>(m.joined->committedSteps()), started_us, admitted_us,
-        wallMicros());
+        wallMicros(), describeLinks(*comm).c_str());
     std::fflush(stdout);
   }
 

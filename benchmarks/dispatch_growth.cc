@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include "core/collectives/host_layout.h"
+#include "core/topology/topology.h"
+
 namespace railshard::bench {
 
 void handOver(Communicator& grown, bool member, int my_slot, HandOver& h) {
@@ -31,6 +34,21 @@ void handOver(Communicator& grown, bool member, int my_slot, HandOver& h) {
   h.policy = static_cast<uint64_t>(head[0]);
   std::memcpy(&h.iterations_per_ms, &head[1], sizeof(h.iterations_per_ms));
   h.ledger = Ledger::decode(ledger);
+}
+
+std::string describeLinks(const Communicator& comm) {
+  std::string text =
+      comm.hostLayout() != nullptr ? comm.hostLayout()->describe() : std::string("one rank");
+  const topology::Topology* graph = comm.topology();
+  if (graph == nullptr) return text + "; no cluster graph (hosts compared through the store)";
+  const std::string mine = graph->rank(comm.rank()).host;
+  for (const auto& placement : graph->ranks()) {
+    if (placement.host == mine) continue;
+    const size_t rails = graph->rails(mine, placement.host).size();
+    return text + "; cluster graph: " + std::to_string(rails) +
+           (rails == 1 ? " rail " : " rails ") + mine + " - " + placement.host;
+  }
+  return text + "; cluster graph: one host";
 }
 
 }  // namespace railshard::bench

@@ -5,6 +5,7 @@
 // the dispatcher-rank to launch-rank map: CollectiveDispatcher::launchRanks()).
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "benchmarks/dispatch_ledger.h"
@@ -24,5 +25,10 @@ struct HandOver {
 // merged into `h.slots` everywhere; then rank 0 (the first member) sends the rest of its `h`,
 // which the joiners (`member` false) take and the members already hold.
 void handOver(Communicator& grown, bool member, int my_slot, HandOver& h);
+
+// How a grown communicator sees the cluster, for the joiner's log line: its host layout and,
+// from the cluster graph the generation agreed on, the rails between this rank's host and
+// the next ("2 hosts x 2 ranks; cluster graph: 2 rails h1 - h0"), or that it has no graph.
+std::string describeLinks(const Communicator& comm);
 
 }  // namespace railshard::bench

@@ -102,6 +102,8 @@ for t in range(trials):
     if not (killed and three and started and four and summary):
         print(f"trial {t}: incomplete; output tail:\n{out[-800:]}", file=sys.stderr)
         continue
+    rejoined = re.search(r"# slot 2 rejoined .* handed its state at \d+ us \((.*)\)$", out, re.M)
+    print(f"trial {t}: the restarted rank sees {rejoined.group(1)}")
     rows["to 3 ranks (s)"].append((int(three.group(1)) - int(killed.group(1))) / 1e6)
     rows["to 4 ranks (s)"].append((int(four.group(1)) - int(started.group(1))) / 1e6)
     regain = summary.get("after_growth", {}).get("regain_steps")

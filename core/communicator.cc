@@ -168,7 +168,8 @@ Communicator::Communicator(const Options& options, std::unique_ptr<transport::Tr
       launch_ranks_(options.launch_ranks > 0 ? options.launch_ranks : options.size),
       key_prefix_(options.key_prefix),
       key_root_(options.key_root.empty() ? options.key_prefix : options.key_root),
-      advertise_host_(options.advertise_host) {
+      advertise_host_(options.advertise_host),
+      extend_topology_(options.extend_topology) {
   if (world_ranks_.empty()) {
     for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
   }
@@ -180,6 +181,7 @@ Communicator::~Communicator() {
   if (trace_provider_ != 0) trace::removeMetadataProvider(trace_provider_);
   tearDownMetrics();  // its collector reads the transport
   publisher_.reset();
+  markClosed();
   transport_->setFailureListener(nullptr);  // the engine it wakes goes first
 }
 

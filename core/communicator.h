@@ -51,6 +51,22 @@ class ProgressPublisher;
 // recv + rank*send_count == send), as in NCCL. One thread at a time per communicator.
 class Communicator {
  public:
+  // A generation that admits joiners agrees on a cluster graph extended by their hosts: the
+  // members know the cluster, each joiner only its own host. Discovery and the graph's
+  // exchange live in the launcher, above this layer, so the communicator is handed a function
+  // that does it (launcher::graphExtender(); init() and the torch backend set it). It runs on
+  // every rank of the new generation and returns the graph all of them agreed on.
+  struct GraphRound {
+    std::string key_prefix;  // the new generation's store namespace
+    int rank = 0;            // in the new generation
+    int size = 0;
+    int members = 0;  // ranks 0..members-1 were members before, the rest joined
+    // Members: the cluster graph with the members placed as ranks 0..members-1; joiners: null.
+    std::shared_ptr<const topology::Topology> known;
+  };
+  using GraphExtender =
+      std::function<std::shared_ptr<const topology::Topology>(Store&, const GraphRound&)>;
+
   struct Options {
     int rank = 0;
     int size = 1;
@@ -75,6 +91,10 @@ class Communicator {
     // Launch ranks handed out so far (joiners get the next ones, so that a number, and the
     // lost mark that may carry it, never comes back); 0 = size. Set by grow().
     int launch_ranks = 0;
+    // How a grow() with joiners (and a joiner's join()) agrees on the extended cluster graph;
+    // carried into every later generation. Null: a generation with joiners compares host
+    // identities through the store, without a graph (no rails from it).
+    GraphExtender extend_topology;
   };
 
   // A per-call deadline that replaces Config::timeout (RAILSHARD_TIMEOUT) for one collective.
@@ -374,6 +394,16 @@ class Communicator {
   // member is not in this generation (a joiner) or there is no graph.
   std::shared_ptr<const topology::Topology> renumberedTopology(
       const std::vector<int>& members) const;
+  // The graph of generation `next` (options): renumbered when nobody joined, else extended
+  // through extend_topology_ when the round says every rank takes part ("graph" in
+  // round/topology), else null.
+  std::shared_ptr<const topology::Topology> grownTopology(const std::string& round,
+                                                          const Options& next,
+                                                          const std::vector<int>& members) const;
+  // A member that closes a healthy communicator (not retired, not aborted) counts itself
+  // closed; the last of the generation marks the job finished and turns away the joiners
+  // still waiting, so that they fail at once instead of at their timeout.
+  void markClosed() noexcept;
 
   int rank_;
   int size_;
@@ -410,6 +440,7 @@ class Communicator {
   std::string key_prefix_;
   std::string key_root_;
   std::string advertise_host_;
+  GraphExtender extend_topology_;
   std::unique_ptr<ProgressPublisher> publisher_;
   std::unique_ptr<PointToPoint> p2p_;  // made at the first message
   PointToPoint& pointToPoint();

@@ -5,12 +5,18 @@
 // Store keys, under the root namespace shared by every generation (beside shrink()'s):
 //   joiners                 counter: the tickets handed out to joiners, 1, 2, ...
 //   joiners/scanned         the highest ticket a grow() has looked at
-//   joiner/<t>              ticket t's request: "<job token>\n<host it advertises>"
+//   joiner/<t>              ticket t's request: "<job token>\n<host it advertises>\n<graph>",
+//                           graph = "graph" when the joiner can take part in extending the
+//                           cluster graph (it has an extend_topology), else "store"
 //   joiner/<t>/claim        counter: whoever adds the first 1 settles the ticket -- a grow()
 //                           leader (admit or refuse) or the joiner itself (withdraw on its
 //                           timeout) -- so a joiner is never admitted after it gave up
 //   joiner/<t>/answer       "<generation> <launch rank>", or "refused: <why>"
 //   gen<G>/launch_ranks     launch ranks handed out once generation G is formed
+//   gen<G>/topology         "graph <m>": every rank extends the cluster graph (members are
+//                           ranks 0..m-1); "store": host identities through the store
+//   gen<G>/closed           counter: members of generation G that closed it healthy
+//   finished                set by the last of them: the job is over, joiners are turned away
 //
 // A joiner gets the next unused launch rank: a number, and the lost mark that may carry it
 // (lost/<launch rank>), is never reused. The round itself is shrink()'s (gen<G>/join,
@@ -35,11 +41,37 @@ using membership::kStoreCall;
 // that died between the two store calls.
 constexpr auto kRequestGrace = std::chrono::seconds(2);
 
+// One joiner's request, as join() writes it.
+struct JoinRequest {
+  std::string token;
+  std::string host = "?";
+  bool graph = false;  // it can take part in extending the cluster graph
+};
+
+JoinRequest parseRequest(const std::string& text) {
+  JoinRequest request;
+  std::istringstream in(text);
+  std::getline(in, request.token);
+  std::string line;
+  if (std::getline(in, line)) request.host = line;
+  if (std::getline(in, line)) request.graph = line == "graph";
+  return request;
+}
+
+// Settles ticket `key` (the first claim wins) with `answer`; false when it was settled before.
+bool settleTicket(Store& store, const std::string& key, const std::string& answer) {
+  if (store.add(key + "/claim", 1, kStoreCall) != 1) return false;
+  store.setString(key + "/answer", answer, kStoreCall);
+  return true;
+}
+
 }  // namespace
 
 void Communicator::decideGrowth(const std::string& round, int next, Deadline deadline) {
   std::string excluded;
   std::vector<int> members = decideSurvivors(round, deadline, excluded);
+  const size_t before = members.size();
+  bool graph = extend_topology_ != nullptr && topology_ != nullptr;
   int issued = launch_ranks_;
   const int64_t tickets = store_->add(key_root_ + "/joiners", 0, kStoreCall);
   const int64_t scanned = store_->add(key_root_ + "/joiners/scanned", 0, kStoreCall);
@@ -53,9 +85,7 @@ void Communicator::decideGrowth(const std::string& round, int next, Deadline dea
       request.clear();  // settled below as refused, should its joiner still be there
     }
     if (store_->add(key + "/claim", 1, kStoreCall) != 1) continue;  // withdrawn by the joiner
-    const auto newline = request.find('\n');
-    const std::string token = request.substr(0, newline);
-    const std::string host = newline == std::string::npos ? "?" : request.substr(newline + 1);
+    const auto [token, host, joiner_graph] = parseRequest(request);
     if (request.empty()) {
       answers.emplace_back(key, "refused: its request did not reach the store");
     } else if (token != config_.token) {
@@ -72,11 +102,14 @@ void Communicator::decideGrowth(const std::string& round, int next, Deadline dea
       members.push_back(issued);
       answers.emplace_back(key, std::to_string(next) + " " + std::to_string(issued));
       ++issued;
+      graph = graph && joiner_graph;
     }
   }
   // A later leader starts after these; tickets settled since (withdrawn) are skipped by claim.
   store_->add(key_root_ + "/joiners/scanned", tickets - scanned, kStoreCall);
   store_->setString(round + "/launch_ranks", std::to_string(issued), kStoreCall);
+  store_->setString(round + "/topology", graph ? "graph " + std::to_string(before) : "store",
+                    kStoreCall);
   store_->setString(round + "/excluded", excluded, kStoreCall);
   store_->setString(round + "/members", membership::formatRanks(members), kStoreCall);
   for (const auto& [key, answer] : answers) store_->setString(key + "/answer", answer, kStoreCall);
@@ -96,9 +129,6 @@ std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
   }
   const int launch_ranks = std::stoi(store_->getString(round + "/launch_ranks", kStoreCall));
   Options options = nextOptions(round, next, members, me, launch_ranks);
-  // Without joiners the cluster graph still describes everyone; a joiner's host is not in it,
-  // and the new generation then compares host identities through the store.
-  options.topology = renumberedTopology(members);
   const size_t joined = static_cast<size_t>(std::count_if(
       members.begin(), members.end(), [&](int world) { return world >= launch_ranks_; }));
   RS_LOG_WARN("launch rank {}: generation {} formed: {} ranks ({} joined), this is rank {}{}", me,
@@ -106,6 +136,8 @@ std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
               excluded.empty() ? "" : " (left out: " + excluded + ")");
   std::unique_ptr<Communicator> grown;
   try {
+    // A joiner that died before it took part fails the graph's exchange as it fails create().
+    options.topology = grownTopology(round, options, members);
     grown = create(*store_, options);
   } catch (const Error& e) {
     // A joiner that died after it asked (or a member that died after the agreement) leaves
@@ -138,6 +170,45 @@ std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
   return grown;
 }
 
+std::shared_ptr<const topology::Topology> Communicator::grownTopology(
+    const std::string& round, const Options& next, const std::vector<int>& members) const {
+  // Members come first (launch ranks below launch_ranks_), joiners after them.
+  const auto first_joiner = std::find_if(members.begin(), members.end(),
+                                         [&](int world) { return world >= launch_ranks_; });
+  // Without joiners the cluster graph still describes everyone.
+  if (first_joiner == members.end()) return renumberedTopology(members);
+  if (store_->getString(round + "/topology", kStoreCall).rfind("graph ", 0) != 0) return nullptr;
+  GraphRound graph_round;
+  graph_round.key_prefix = next.key_prefix;
+  graph_round.rank = next.rank;
+  graph_round.size = next.size;
+  graph_round.members = static_cast<int>(first_joiner - members.begin());
+  graph_round.known = renumberedTopology(std::vector<int>(members.begin(), first_joiner));
+  return extend_topology_(*store_, graph_round);
+}
+
+void Communicator::markClosed() noexcept {
+  // Only a store that outlives the ranks can have joiners (RAILSHARD_JOIN needs one); any
+  // other may already be gone with the rank that hosted it.
+  if (!store_ || !config_.store_external || retired_ != nullptr || !aborted_.empty()) return;
+  constexpr auto kCall = std::chrono::seconds(2);
+  try {
+    if (store_->add(key_prefix_ + "/closed", 1, kCall) < size_) return;
+    store_->add(key_root_ + "/finished", 1, kCall);
+    // Joiners that asked before the mark are turned away here; later ones see the mark.
+    const int64_t tickets = store_->add(key_root_ + "/joiners", 0, kCall);
+    const int64_t scanned = store_->add(key_root_ + "/joiners/scanned", 0, kCall);
+    for (int64_t t = scanned + 1; t <= tickets; ++t) {
+      settleTicket(*store_, key_root_ + "/joiner/" + std::to_string(t),
+                   "refused: the job finished (every member of generation " +
+                       std::to_string(generation_) + " closed) before it was admitted");
+    }
+  } catch (const std::exception& e) {
+    RS_LOG_DEBUG("rank {}: could not mark generation {} closed in the store: {}", rank_,
+                 generation_, e.what());
+  }
+}
+
 int Communicator::joinersWaiting(Timeout timeout) {
   checkUsable("joinersWaiting");
   int64_t waiting = 0;
@@ -164,10 +235,18 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   const std::string key = root + "/joiner/" + std::to_string(ticket);
   const std::string host =
       options_in.advertise_host.empty() ? "loopback" : options_in.advertise_host;
-  store.setString(key, options_in.config.token + "\n" + host, kStoreCall);
+  store.setString(key,
+                  options_in.config.token + "\n" + host + "\n" +
+                      (options_in.extend_topology ? "graph" : "store"),
+                  kStoreCall);
   RS_LOG_INFO("join: waiting for the members of '{}' to grow (ticket {})", root, ticket);
   std::string answer;
   try {
+    // A job that finished before the ticket was taken never answers it (markClosed()).
+    if (store.add(root + "/finished", 0, kStoreCall) > 0 &&
+        settleTicket(store, key, "refused: the job finished before it was admitted")) {
+      RS_LOG_DEBUG("join: '{}' has finished", root);
+    }
     answer = store.getString(key + "/answer", timeout);
   } catch (const TimeoutError&) {
     if (store.add(key + "/claim", 1, kStoreCall) == 1) {
@@ -196,9 +275,18 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   options.world_ranks = members;
   options.generation = next;
   options.launch_ranks = std::stoi(store.getString(round + "/launch_ranks", kStoreCall));
-  options.topology = nullptr;  // not in the members' graph: hosts compared through the store
   RS_LOG_WARN("join: launch rank {} is rank {} of {} in generation {}", me, options.rank,
               options.size, next);
+  options.topology = nullptr;  // "store": hosts compared through the store
+  const std::string topology = store.getString(round + "/topology", kStoreCall);
+  if (topology.rfind("graph ", 0) == 0) {
+    GraphRound graph_round;
+    graph_round.key_prefix = round;
+    graph_round.rank = options.rank;
+    graph_round.size = options.size;
+    graph_round.members = std::stoi(topology.substr(6));
+    options.topology = options.extend_topology(store, graph_round);
+  }
   return create(store, options);
 }
 

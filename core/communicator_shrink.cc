@@ -172,6 +172,7 @@ Communicator::Options Communicator::nextOptions(const std::string& round, int ne
   options.world_ranks = members;
   options.generation = next;
   options.launch_ranks = launch_ranks;
+  options.extend_topology = extend_topology_;
   return options;
 }
 

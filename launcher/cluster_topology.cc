@@ -1,21 +1,16 @@
 #include "launcher/cluster_topology.h"
 
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "base/error.h"
-#include "base/fnv.h"
 #include "base/logging.h"
-#include "launcher/discovery/host_discovery.h"
-#include "launcher/link_probe.h"
-#include "transport/shm/host_identity.h"
+#include "launcher/cluster_exchange.h"
 
 namespace railshard::launcher {
 
@@ -23,34 +18,7 @@ namespace {
 
 using topology::Topology;
 using topology::VertexKind;
-
-// Values published through the store carry either a payload or an error, so a failure on
-// one rank (bad interface spec, unreadable topology file) reaches every rank as the same
-// typed error instead of as a timeout on the others.
-std::string okValue(const std::string& payload) {
-  return "ok\n" + payload;
-}
-
-std::string errorValue(const std::exception& error) {
-  return "error " + std::to_string(static_cast<int>(kindOf(error))) + "\n" + error.what();
-}
-
-std::string openValue(const std::string& value) {
-  const size_t newline = value.find('\n');
-  const std::string head = value.substr(0, newline);
-  const std::string body = newline == std::string::npos ? "" : value.substr(newline + 1);
-  if (head == "ok") return body;
-  if (head.rfind("error ", 0) == 0) {
-    throwError(static_cast<ErrorKind>(std::stoi(head.substr(6))), body);
-  }
-  throw ProtocolError("topology exchange: malformed store value '" + head + "'");
-}
-
-std::string thisHostname() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
+using namespace exchange;
 
 std::string readFile(const std::string& path, const std::string& what) {
   std::ifstream in(path);
@@ -79,38 +47,6 @@ std::set<int> parseCpuList(const std::string& text) {
   return cpus;
 }
 
-struct RankInfo {
-  std::string host_key;  // hostname + boot id + /dev/shm: one per machine (or container)
-  std::string hostname;
-  int bound_numa = -1;
-};
-
-std::string encode(const RankInfo& info) {
-  nlohmann::json j;
-  j["host_key"] = info.host_key;
-  j["hostname"] = info.hostname;
-  j["bound_numa"] = info.bound_numa;
-  return j.dump();
-}
-
-RankInfo decode(const std::string& text, int rank) {
-  try {
-    const auto j = nlohmann::json::parse(text);
-    return RankInfo{j.at("host_key").get<std::string>(), j.at("hostname").get<std::string>(),
-                    j.at("bound_numa").get<int>()};
-  } catch (const nlohmann::json::exception& e) {
-    throw ProtocolError("topology exchange: rank " + std::to_string(rank) +
-                        " published a malformed description: " + e.what());
-  }
-}
-
-std::string hostSlot(const std::string& host_key) {
-  // Store keys stay printable and short: the host key hashed.
-  std::ostringstream out;
-  out << std::hex << Fnv1a().add(host_key).value();
-  return out.str();
-}
-
 // Rank 0's part of step 2 when discovering: merge the hosts' graphs and place the ranks.
 Topology mergeDiscovered(Store& store, const ClusterTopologyOptions& options,
                          const std::vector<RankInfo>& infos, Duration timeout) {
@@ -123,30 +59,9 @@ Topology mergeDiscovered(Store& store, const ClusterTopologyOptions& options,
   }
   Topology cluster;
   std::map<std::string, std::string> host_id;  // host key -> host vertex id
-  std::set<std::string> taken;
   for (const auto& key : host_keys) {
-    const std::string prefix = options.key_prefix + "/topo/host/" + hostSlot(key);
-    Topology host =
-        Topology::fromJson(openValue(store.getString(prefix, timeout)), "host description " + key);
-    const auto hosts = host.hosts();
-    if (hosts.size() != 1) {
-      throw ProtocolError("topology exchange: host description " + key + " has " +
-                          std::to_string(hosts.size()) + " hosts");
-    }
-    std::string id = hosts.front();
-    if (taken.count(id) != 0) {
-      // Two machines (or containers) with one host name: keep both, apart.
-      int n = 2;
-      while (taken.count(id + "~" + std::to_string(n)) != 0) ++n;
-      const std::string renamed = id + "~" + std::to_string(n);
-      RS_LOG_WARN("two hosts are both called '{}'; the second becomes '{}' in the topology", id,
-                  renamed);
-      host.renameHost(id, renamed);
-      id = renamed;
-    }
-    taken.insert(id);
-    host_id[key] = id;
-    cluster.merge(host);
+    host_id[key] = mergeHost(cluster, hostGraph(store, options.key_prefix + "/topo", key, timeout),
+                             "host key " + key);
   }
   std::map<std::string, int> local_size;
   for (const auto& info : infos) ++local_size[info.host_key];
@@ -193,51 +108,6 @@ Topology loadFromFile(const ClusterTopologyOptions& options, const std::vector<R
   }
   file.setRanks(std::move(placements));
   return file;
-}
-
-// Step 4: each rank reports whether the graph it parsed hashes to what rank 0 published;
-// rank 0 turns the reports into one verdict that everyone raises.
-void agree(Store& store, const ClusterTopologyOptions& options, const std::string& round,
-           const std::string& mine, const std::string& published, Duration timeout) {
-  const std::string base = options.key_prefix + "/topo/" + round;
-  const std::string report = mine == published
-                                 ? "ok"
-                                 : "rank " + std::to_string(options.rank) +
-                                       " computes topology hash " + mine + ", rank 0 published " +
-                                       published + " (different railshard versions on the hosts?)";
-  store.setString(base + "/report/" + std::to_string(options.rank), report, timeout);
-  if (options.rank == 0) {
-    std::string verdict = "ok";
-    for (int r = 0; r < options.size; ++r) {
-      const std::string text = store.getString(base + "/report/" + std::to_string(r), timeout);
-      if (text != "ok" && verdict == "ok") verdict = text;
-    }
-    store.setString(base + "/verdict", verdict, timeout);
-  }
-  const std::string verdict = store.getString(base + "/verdict", timeout);
-  if (verdict != "ok") throw MismatchError("ranks disagree on the cluster topology: " + verdict);
-}
-
-// Publishes `graph` (rank 0) and returns what every rank parsed, hash-checked.
-Topology distribute(Store& store, const ClusterTopologyOptions& options, const std::string& round,
-                    const std::function<Topology()>& make, Duration timeout) {
-  const std::string key = options.key_prefix + "/topo/" + round + "/graph";
-  if (options.rank == 0) {
-    std::string value;
-    try {
-      const Topology graph = make();
-      value = okValue(graph.hash() + "\n" + graph.toJson());
-    } catch (const std::exception& e) {
-      value = errorValue(e);
-    }
-    store.setString(key, value, timeout);
-  }
-  const std::string payload = openValue(store.getString(key, timeout));
-  const size_t newline = payload.find('\n');
-  const std::string published = payload.substr(0, newline);
-  Topology graph = Topology::fromJson(payload.substr(newline + 1), "cluster topology from rank 0");
-  agree(store, options, round, graph.hash(), published, timeout);
-  return graph;
 }
 
 }  // namespace
@@ -302,41 +172,15 @@ Topology buildClusterTopology(Store& store, const ClusterTopologyOptions& option
   const bool from_file = !options.config.topo_file.empty();
 
   // Step 1: where this rank runs; the first rank on each host discovers it.
-  RankInfo mine;
-  mine.hostname = options.hostname.empty() ? thisHostname() : options.hostname;
-  mine.host_key = transport::shm::hostIdentity();
-  if (!options.hostname.empty()) mine.host_key = options.hostname + "/" + mine.host_key;
-  mine.bound_numa = boundNumaNode(options.sysfs_root);
-  if (!from_file) {
-    const std::string slot = hostSlot(mine.host_key);
-    if (store.add(base + "/leader/" + slot, 1, timeout) == 1) {
-      std::string value;
-      try {
-        discovery::DiscoveryOptions discover;
-        discover.sysfs_root = options.sysfs_root;
-        discover.socket_ifname = options.config.socket_ifname;
-        discover.hostname = mine.hostname;
-        value = okValue(discovery::discoverHost(discover).toJson());
-      } catch (const std::exception& e) {
-        value = errorValue(e);
-      }
-      store.setString(base + "/host/" + slot, value, timeout);
-    }
-  }
-  store.setString(base + "/rank/" + std::to_string(options.rank), encode(mine), timeout);
+  const RankInfo mine = thisRank(options);
+  if (!from_file) discoverOncePerHost(store, base, mine, options, timeout);
+  publishRank(store, base, options.rank, mine, timeout);
 
   // Step 2: rank 0 merges (or loads the file) and everyone receives the graph.
-  const auto gatherInfos = [&] {
-    std::vector<RankInfo> infos;
-    for (int r = 0; r < options.size; ++r) {
-      infos.push_back(decode(store.getString(base + "/rank/" + std::to_string(r), timeout), r));
-    }
-    return infos;
-  };
   Topology graph = distribute(
       store, options, "initial",
       [&] {
-        const auto infos = gatherInfos();
+        const auto infos = gatherRanks(store, base, options.size, timeout);
         return from_file ? loadFromFile(options, infos)
                          : mergeDiscovered(store, options, infos, timeout);
       },
@@ -344,22 +188,7 @@ Topology buildClusterTopology(Store& store, const ClusterTopologyOptions& option
 
   // Step 3: measure the rails between hosts.
   if (options.config.probe && graph.hosts().size() > 1) {
-    const std::string my_host = graph.rank(options.rank).host;
-    const bool leader = graph.ranksOn(my_host).front() == options.rank;
-    ProbeOptions probe;
-    probe.key_prefix = base + "/probe";
-    probe.bulk_time = options.config.probe_time;
-    probe.timeout = timeout;
-    probe.token = options.config.token;
-    if (leader) runLinkProbe(store, graph, my_host, probe);
-    graph = distribute(
-        store, options, "probed",
-        [&] {
-          Topology measured = graph;
-          collectProbeResults(store, measured, probe);
-          return measured;
-        },
-        timeout);
+    graph = probeRails(store, options, graph, "probed", timeout);
   }
 
   if (options.rank == 0 && !options.config.topo_dump.empty()) {

@@ -3,6 +3,7 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "base/memory_store.h"
+#include "launcher/cluster_growth.h"
 #include "launcher/cluster_topology.h"
 #include "launcher/environment.h"
 #include "launcher/interfaces.h"
@@ -98,6 +99,7 @@ std::unique_ptr<Communicator> launcher::formCommunicator(std::shared_ptr<Store> 
   topology.config = config;
   options.topology =
       std::make_shared<const topology::Topology>(buildClusterTopology(*store, topology));
+  options.extend_topology = graphExtender(config);
   return Communicator::create(*store, options);
 }
 
@@ -108,6 +110,7 @@ std::unique_ptr<Communicator> init() {
     options.config = boot.config;
     options.store = boot.store;
     options.advertise_host = boot.advertise_host;
+    options.extend_topology = launcher::graphExtender(boot.config);
     auto joined = Communicator::join(
         options, std::chrono::duration_cast<Communicator::Timeout>(boot.config.timeout));
     joined->keepAlive(boot.store);

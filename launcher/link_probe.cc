@@ -137,9 +137,23 @@ std::vector<std::vector<std::pair<int, int>>> probeSchedule(int hosts) {
   return rounds;
 }
 
+namespace {
+
+// Hosts where ranks run, in canonical order: a host without ranks (one a topology file lists,
+// or one whose ranks were all lost) has nobody to take part.
+std::vector<std::string> probedHosts(const Topology& graph) {
+  std::vector<std::string> hosts;
+  for (const auto& host : graph.hosts()) {
+    if (!graph.ranksOn(host).empty()) hosts.push_back(host);
+  }
+  return hosts;
+}
+
+}  // namespace
+
 void runLinkProbe(Store& store, const Topology& graph, const std::string& host,
                   const ProbeOptions& options) {
-  const auto hosts = graph.hosts();
+  const auto hosts = probedHosts(graph);
   const int me = static_cast<int>(std::find(hosts.begin(), hosts.end(), host) - hosts.begin());
   const auto schedule = probeSchedule(static_cast<int>(hosts.size()));
   for (size_t round = 0; round < schedule.size(); ++round) {
@@ -184,7 +198,7 @@ void runLinkProbe(Store& store, const Topology& graph, const std::string& host,
 }
 
 void collectProbeResults(Store& store, Topology& graph, const ProbeOptions& options) {
-  const auto hosts = graph.hosts();
+  const auto hosts = probedHosts(graph);
   for (const auto& round : probeSchedule(static_cast<int>(hosts.size()))) {
     for (const auto& [x, y] : round) {
       const std::string& a = hosts[static_cast<size_t>(x)];
@@ -202,7 +216,16 @@ void collectProbeResults(Store& store, Topology& graph, const ProbeOptions& opti
         // Rounded so the graph (and its hash) does not carry meaningless digits.
         link.measured_gbps = std::round(r.at("gbps").get<double>() * 1000) / 1000;
         link.latency_us = std::round(r.at("latency_us").get<double>() * 10) / 10;
-        graph.addLink(link);
+        // A grown generation probes again over a graph that holds the earlier measurements.
+        const auto earlier = graph.linksOf(link.a);
+        const bool measured_before = std::any_of(earlier.begin(), earlier.end(), [&](auto* l) {
+          return l->kind == link.kind && (l->a == link.b || l->b == link.b);
+        });
+        if (measured_before) {
+          graph.setMeasurement(link.a, link.b, link.kind, link.measured_gbps, link.latency_us);
+        } else {
+          graph.addLink(link);
+        }
       }
     }
   }

@@ -249,6 +249,11 @@ TEST(DispatchElastic, OnTwoHostsAHandRestartedRankRejoinsAndEverySampleIsOnce) {
   if (r.exit_code != 0) GTEST_SKIP() << "cannot build the namespace test bed: " << r.err;
   EXPECT_NE(r.out.find("ledger exactly once: 1 of 1 trials"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("to 4 ranks (s)  n=1"), std::string::npos) << r.out << r.err;
+  // The grown generation extended the cluster graph by the joiner's host (the one it left):
+  // both rails between the hosts again, not hosts compared through the store.
+  EXPECT_NE(r.out.find("the restarted rank sees 2 hosts x 2 ranks; cluster graph: 2 rails "),
+            std::string::npos)
+      << r.out << r.err;
 }
 
 TEST(DispatchElastic, WithoutElasticTheJobStopsAndBadKillOptionsAreUsageErrors) {

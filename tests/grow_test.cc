@@ -222,6 +222,57 @@ TEST(Grow, AJoinerThatTimedOutIsNotAdmittedLater) {
   test::rethrowFirst(errors);
 }
 
+// A job whose members all closed their communicators is over: a joiner waiting for it is
+// turned away when the last member closes, and one that asks afterwards at once -- each well
+// before its timeout -- instead of waiting out RAILSHARD_TIMEOUT (a rank the launcher
+// restarted just as the job ended). Only with a store that outlives the ranks
+// (store_external): no other store can have joiners.
+TEST(Grow, JoinersAreTurnedAwayOnceEveryMemberClosed) {
+  auto store = std::make_shared<MemoryStore>();
+  const auto refusedFast = [&](const std::string& why) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Communicator::join(joinerOptions(store), milliseconds(60000));
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  };
+  auto waiting = std::async(std::launch::async, [&] {
+    refusedFast(
+        "join: the members of 'railshard' refused ticket 1: the job finished (every member of "
+        "generation 0 closed) before it was admitted");
+  });
+  awaitJoiners(*store, 1);
+  std::atomic<bool> first_closed{false};
+  auto errors = test::runRanks(2, [&](int rank) {
+    Communicator::Options options = memberOptions(store, rank, 2);
+    options.config.store_external = true;
+    auto comm = Communicator::create(*store, options);
+    EXPECT_EQ(checkGroup(*comm, {0, 1}, 7), 7);
+    if (rank == 0) {
+      comm.reset();
+      first_closed = true;
+      return;
+    }
+    while (!first_closed) std::this_thread::sleep_for(milliseconds(1));
+    // One member closing is not the end of the job.
+    EXPECT_EQ(store->add("railshard/finished", 0, std::chrono::seconds(1)), 0);
+  });
+  test::rethrowFirst(errors);
+  waiting.get();
+  refusedFast(
+      "join: the members of 'railshard' refused ticket 2: the job finished before it was "
+      "admitted");
+  // With a store the ranks host, nothing is marked at all.
+  auto other = std::make_shared<MemoryStore>();
+  test::rethrowFirst(test::runRanks(2, [&](int rank) {
+    auto comm = Communicator::create(*other, memberOptions(other, rank, 2));
+  }));
+  EXPECT_EQ(other->add("railshard/finished", 0, std::chrono::seconds(1)), 0);
+}
+
 // A joiner that dies after asking (its request is in the store, the process is gone: here it
 // never existed) is admitted, and the new generation cannot connect to it; the members then
 // re-form among themselves in the next generation and go on, on every member, within the
