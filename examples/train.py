@@ -214,10 +214,12 @@ def make_model(hidden):
 def main_elastic(args, kill, started_us):
     """The same training as main(), elastic: ranks may die and be restarted while it runs.
 
-    Each step: sync (admit joiners, or receive the state as one), next_step (this rank's
-    share), forward/backward (ElasticDataParallel all-reduces the weighted gradients), then
-    an all-reduce of which samples each rank processed into the ledger, the optimizer step,
-    commit. A lost peer anywhere in it: recover() and the step is redone by the survivors.
+    Each step: the DataLoader asks the elastic ThroughputSampler for a batch, which runs the
+    step boundary (sync: admit joiners, or receive the state as one) and plans this rank's
+    share (next_step); forward/backward (ElasticDataParallel all-reduces the weighted
+    gradients), then an all-reduce of which samples each rank processed into the ledger, the
+    optimizer step, sampler.report() (the commit). A lost peer anywhere in it: recover() and
+    the step is redone by the survivors.
     The ledger travels with the model and optimizer in the state a joiner is handed (and a
     survivor that applied one step too many is given back), so at every epoch's end it says
     whether each sample was processed exactly once."""
@@ -245,24 +247,33 @@ def main_elastic(args, kill, started_us):
     if group.rank == 0 and not group.joined:
         print(f"train.py --elastic: {group.size} ranks, global batch {args.batch}, "
               f"{args.steps} steps, policy {args.policy}", flush=True)
+    # One step at a time (the group cannot plan ahead), so no worker processes.
+    sampler = railshard.ThroughputSampler(data, group=group, state=state)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    batches = iter(loader)
     # After a change of membership, rank 0 stamps the first step done on the new group; a
     # joiner stamps its first step and when its process started (one host, one clock).
     after = "joining" if group.joined else None
     while group.committed_steps < args.steps:
         step = group.committed_steps
         step_started = time.perf_counter()
+        changes = len(group.changes)
         try:
-            change = group.sync(state)
-            if change and "committed" in change:  # a member's grow (a joiner's is its own)
+            batch = next(batches, None)
+            if batch is None:  # the epoch's steps are done: the next iteration begins a new one
+                batches = iter(loader)
+                batch = next(batches)
+            if len(group.changes) > changes:  # the sampler's sync() admitted joiners
+                change = group.changes[-1]
                 after = "growth"
-            if change and "committed" in change and group.rank == 0:
-                print(f"train.py: launch rank(s) {change['joined']} joined before step "
-                      f"{group.committed_steps}: {group.size} ranks (grow and hand-over "
-                      f"{change['seconds'] * 1000:.1f} ms) at {wall_us()} us", flush=True)
-            indices = group.next_step()
+                if group.rank == 0:
+                    print(f"train.py: launch rank(s) {change['joined']} joined before step "
+                          f"{group.committed_steps}: {group.size} ranks (grow and hand-over "
+                          f"{change['seconds'] * 1000:.1f} ms) at {wall_us()} us", flush=True)
+            x, y = batch
+            indices = sampler.indices
             step, epoch = group.step, group.epoch
             started = time.perf_counter()
-            x, y = data.x[indices], data.y[indices]
             loss = F.cross_entropy(ddp(x), y)
             time.sleep(per_sample_s * group.local_samples)  # the emulated GPU
             optimizer.zero_grad()
@@ -279,11 +290,12 @@ def main_elastic(args, kill, started_us):
             state["ledger"] += counts
             state["steps"].append([epoch, group.step_start, group.global_samples])
             optimizer.step()
-            group.commit(computed)
+            sampler.report(computed)  # commits the step
         except Exception as e:  # noqa: BLE001 (DDP re-raises a lost peer as RuntimeError)
             if not railshard.is_peer_lost(e):
                 raise
             change = group.recover(state)
+            batches = iter(loader)  # the redone step comes first
             del state["steps"][change["committed"]:]
             after = "the loss"
             if group.rank == 0:

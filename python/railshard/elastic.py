@@ -286,6 +286,11 @@ class ElasticGroup:
         return int(self._c.epoch)
 
     @property
+    def epochs_completed(self) -> int:
+        """Epochs whose every step is committed (epochs count from 0)."""
+        return self.epoch + (1 if self.epoch_done else 0)
+
+    @property
     def committed_steps(self) -> int:
         return int(self._c.committed_steps)
 

@@ -65,7 +65,9 @@ class ThroughputSampler(Sampler[List[int]]):
         dataset: the dataset (anything with ``len``) or its length.
         global_batch_size: samples per step over all ranks together.
         group: process group (default: the world); rank and size come from it, and
-            ``report()`` all-gathers over it. Use the group your DDP model uses.
+            ``report()`` all-gathers over it. Use the group your DDP model uses. An
+            ``ElasticGroup`` instead makes an elastic sampler whose steps the group plans
+            (``state``: what joiners are handed; elastic_sampler.py, docs/pytorch.md).
         num_replicas, rank: override the group's size and rank (as in DistributedSampler);
             ``report()`` still needs the group when ``num_replicas > 1``.
         shuffle, seed: a permutation of the dataset per epoch from a ``torch.Generator``
@@ -86,6 +88,16 @@ class ThroughputSampler(Sampler[List[int]]):
     weights stay exact, but a report reaches the plans only after the batches already
     prefetched, so adaptation lags by the prefetch depth.
     """
+
+    def __new__(cls, *args, group=None, **kwargs):
+        # Over an ElasticGroup the steps come from the group (elastic_sampler.py).
+        from .elastic import ElasticGroup
+
+        if cls is ThroughputSampler and isinstance(group, ElasticGroup):
+            from .elastic_sampler import ElasticThroughputSampler
+
+            return super().__new__(ElasticThroughputSampler)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -203,6 +203,64 @@ def test_unsupported_arguments_are_errors_naming_them(tmp_path):
     assert "after close: railshard ALLREDUCE: the process group was shut down" in out, out
 
 
+def test_the_elastic_sampler_hands_out_one_step_at_a_time(tmp_path):
+    # A world of one (no launcher): the epoch's indices come out once each through a
+    # DataLoader, the group's epoch count carries into the next iteration, and what would let
+    # the sampler plan ahead -- a step not reported, a DataLoader with workers -- is refused.
+    script = tmp_path / "sampler.py"
+    script.write_text(
+        "import torch, railshard\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "data = TensorDataset(torch.arange(64))\n"
+        "group = railshard.ElasticGroup(64, global_batch_size=16, micro_batch=4)\n"
+        "sampler = railshard.ThroughputSampler(data, group=group, state={})\n"
+        "print('type', type(sampler).__name__, 'len', len(sampler))\n"
+        "for epoch in range(2):\n"
+        "    seen = []\n"
+        "    for (batch,) in DataLoader(data, batch_sampler=sampler):\n"
+        "        assert batch.tolist() == sampler.indices, (batch, sampler.indices)\n"
+        "        seen += batch.tolist()\n"
+        "        sampler.report(0.01)\n"
+        "    print('epoch', epoch, 'steps', len(seen) // 16, 'once', sorted(seen) == list(range(64)),"
+        " 'completed', group.epochs_completed)\n"
+        "loader = iter(DataLoader(data, batch_sampler=sampler))\n"
+        "next(loader)\n"
+        "try:\n"
+        "    next(loader)\n"
+        "except RuntimeError as e:\n"
+        "    print('unreported:', e)\n"
+        "sampler.report()\n"
+        "try:\n"
+        "    for _ in DataLoader(data, batch_sampler=sampler, num_workers=2):\n"
+        "        sampler.report()\n"
+        "except RuntimeError as e:\n"
+        "    print('workers:', str(e).splitlines()[0][:60])\n"
+        "for args, kwargs in (((65,), {}), ((data, 32), {}), ((data,), {'policy': 'equal'}),\n"
+        "                     ((data,), {'colour': 1})):\n"
+        "    try:\n"
+        "        railshard.ThroughputSampler(*args, group=group, **kwargs)\n"
+        "    except (ValueError, TypeError) as e:\n"
+        "        print(type(e).__name__ + ':', e)\n"
+        "group.close()\n")
+    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "type ElasticThroughputSampler len 4" in out, out
+    assert "epoch 0 steps 4 once True completed 1" in out, out
+    assert "epoch 1 steps 4 once True completed 2" in out, out
+    assert ("unreported: ThroughputSampler: the next step was asked for before step 8 was "
+            "reported (sampler.report()) or recovered (group.recover())") in out, out
+    assert "workers: ThroughputSampler: the next step was asked for before step" in out, out
+    assert ("ValueError: ThroughputSampler: the dataset has 65 samples but the ElasticGroup "
+            "dispatches 64") in out, out
+    assert ("ValueError: ThroughputSampler: global_batch_size 32 differs from the "
+            "ElasticGroup's 16") in out, out
+    assert ("ValueError: ThroughputSampler: policy come(s) from the ElasticGroup over an "
+            "elastic group; set them there") in out, out
+    assert "TypeError: ThroughputSampler: unexpected argument(s) colour" in out, out
+
+
 STORE = BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-store"
 
 
