@@ -173,6 +173,35 @@ TEST(ClusterGrowth, ARestartedRankGetsTheFreeLocalRankAndAnEmptiedHostIsReused) 
   EXPECT_EQ(g.vertices().size(), start.vertices().size());
 }
 
+// RAILSHARD_PROBE=1: a host of joiners alone has never been measured, so the grown generation
+// probes the rails again (every host pair; the members' earlier measurements are replaced);
+// a joiner beside its host's members needs no probe.
+TEST(ClusterGrowth, WithTheProbeOnANewHostsRailsAreMeasured) {
+  MemoryStore store;
+  Config config = testConfig();
+  config.probe = true;
+  config.probe_time = std::chrono::milliseconds(50);
+  const Topology start = startGraph(store, {"ha", "hb"}, config);
+  const auto rails_ab = start.rails("ha", "hb");
+  if (rails_ab.empty()) GTEST_SKIP() << "this machine has no interface that forms a rail";
+  for (const auto& rail : rails_ab) EXPECT_GT(rail.measured_gbps, 0) << rail.nic_a;
+  const auto probed = [&](int, Config& c) { c = config; };
+  const Grown same_host =
+      grow(store, membersGraph(start, {0, 1}), 2, {"ha", "hb", "hb"}, "g1", probed);
+  test::rethrowFirst(same_host.errors);
+  EXPECT_EQ(same_host.graphs[0].rails("ha", "hb"), rails_ab);  // not measured again
+  const Grown new_host =
+      grow(store, membersGraph(start, {0, 1}), 2, {"ha", "hb", "hc"}, "g2", probed);
+  test::rethrowFirst(new_host.errors);
+  const Topology& g = new_host.graphs[2];
+  EXPECT_EQ(g.hash(), new_host.graphs[0].hash());
+  for (const auto& [a, b] : {std::pair{"ha", "hc"}, std::pair{"hb", "hc"}, std::pair{"ha", "hb"}}) {
+    const auto rails = g.rails(a, b);
+    ASSERT_EQ(rails.size(), rails_ab.size()) << a << "-" << b;
+    for (const auto& rail : rails) EXPECT_GT(rail.measured_gbps, 0) << a << "-" << b;
+  }
+}
+
 // Errors on one rank reach every rank with their type: a joiner's host discovery that fails
 // (its RAILSHARD_SOCKET_IFNAME matches nothing), and a joiner from a host the topology file
 // does not name.
