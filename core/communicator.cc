@@ -381,6 +381,13 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
   const Clock::time_point start = Clock::now();
   collective_start_ = start;
   auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  // The host's segment carries the error before this rank can close: the transport's failure
+  // listener would too, but from its own thread, and a rank that closed first would leave the
+  // host's other ranks to report "closed its communicator" instead of the cause.
+  const auto failed = [&](const std::exception& e) {
+    if (metrics_) countError(e);
+    if (engine() != nullptr) engine()->abort(kindOf(e), e.what());
+  };
   try {
     if (shm_ && !over_transport) {
       transport_->checkHealthy();
@@ -390,13 +397,13 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
     fn(collectives::Context{*transport_, rank_, size_, config_.chunk_bytes, timeout, tag,
                             *workspace_});
   } catch (const PeerLostError& e) {
-    if (metrics_) countError(e);
+    failed(e);
     throw PeerLostError(explainLoss(tag, waited(), e.what()));
   } catch (const TimeoutError& e) {
-    if (metrics_) countError(e);
+    failed(e);
     throw TimeoutError(explainTimeout(tag, waited(), e.what()));
   } catch (const std::exception& e) {
-    if (metrics_) countError(e);
+    failed(e);
     throw;
   }
   span.event().failed = false;

@@ -22,6 +22,7 @@
 // (lost/<launch rank>), is never reused. The round itself is shrink()'s (gen<G>/join,
 // leader, members, excluded), so a member that fails during a grow is left out the same way.
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +64,21 @@ bool settleTicket(Store& store, const std::string& key, const std::string& answe
   if (store.add(key + "/claim", 1, kStoreCall) != 1) return false;
   store.setString(key + "/answer", answer, kStoreCall);
   return true;
+}
+
+// Generation `round`'s graph round for the rank `next` describes, when its leader wrote that
+// every rank takes part ("graph <members>" in round/topology); nullopt when the generation
+// compares hosts through the store.
+std::optional<Communicator::GraphRound> graphRound(Store& store, const std::string& round,
+                                                   const Communicator::Options& next) {
+  const std::string value = store.getString(round + "/topology", kStoreCall);
+  if (value.rfind("graph ", 0) != 0) return std::nullopt;
+  Communicator::GraphRound graph_round;
+  graph_round.key_prefix = next.key_prefix;
+  graph_round.rank = next.rank;
+  graph_round.size = next.size;
+  graph_round.members = std::stoi(value.substr(6));
+  return graph_round;
 }
 
 }  // namespace
@@ -177,14 +193,10 @@ std::shared_ptr<const topology::Topology> Communicator::grownTopology(
                                          [&](int world) { return world >= launch_ranks_; });
   // Without joiners the cluster graph still describes everyone.
   if (first_joiner == members.end()) return renumberedTopology(members);
-  if (store_->getString(round + "/topology", kStoreCall).rfind("graph ", 0) != 0) return nullptr;
-  GraphRound graph_round;
-  graph_round.key_prefix = next.key_prefix;
-  graph_round.rank = next.rank;
-  graph_round.size = next.size;
-  graph_round.members = static_cast<int>(first_joiner - members.begin());
-  graph_round.known = renumberedTopology(std::vector<int>(members.begin(), first_joiner));
-  return extend_topology_(*store_, graph_round);
+  std::optional<GraphRound> graph_round = graphRound(*store_, round, next);
+  if (!graph_round) return nullptr;
+  graph_round->known = renumberedTopology(std::vector<int>(members.begin(), first_joiner));
+  return extend_topology_(*store_, *graph_round);
 }
 
 void Communicator::markClosed() noexcept {
@@ -277,16 +289,9 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   options.launch_ranks = std::stoi(store.getString(round + "/launch_ranks", kStoreCall));
   RS_LOG_WARN("join: launch rank {} is rank {} of {} in generation {}", me, options.rank,
               options.size, next);
-  options.topology = nullptr;  // "store": hosts compared through the store
-  const std::string topology = store.getString(round + "/topology", kStoreCall);
-  if (topology.rfind("graph ", 0) == 0) {
-    GraphRound graph_round;
-    graph_round.key_prefix = round;
-    graph_round.rank = options.rank;
-    graph_round.size = options.size;
-    graph_round.members = std::stoi(topology.substr(6));
-    options.topology = options.extend_topology(store, graph_round);
-  }
+  // A joiner knows no graph; with none extended, hosts are compared through the store.
+  const std::optional<GraphRound> graph_round = graphRound(store, round, options);
+  options.topology = graph_round ? options.extend_topology(store, *graph_round) : nullptr;
   return create(store, options);
 }
 

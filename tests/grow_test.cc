@@ -401,7 +401,9 @@ TEST(Grow, TwentyGrowShrinkCyclesLeaveNoDescriptorsOrSegmentsBehind) {
   std::printf("resident memory after cycle 1: %.1f MiB, after cycle %d: %.1f MiB\n",
               static_cast<double>(rss_after_first) / (1 << 20), kCycles,
               static_cast<double>(rss_after_last) / (1 << 20));
-  if (!test::kSanitized) EXPECT_LT(rss_after_last, rss_after_first + (size_t{8} << 20));
+  if (!test::kSanitized) {
+    EXPECT_LT(rss_after_last, rss_after_first + (size_t{8} << 20));
+  }
 }
 
 TEST(Grow, BadArgumentsAreInvalidArgument) {
