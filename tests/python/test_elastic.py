@@ -45,6 +45,15 @@ def _train(launch_args, train_args, save, timeout=240):
     return proc, proc.stdout + proc.stderr
 
 
+def _run_alone(script):
+    """Runs `script` as a world of one (no launcher); its output, once it exited 0."""
+    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return out
+
+
 def _reference(saved):
     """The job's training in one process: per committed step, the mean loss over the step's
     samples (the epoch's permutation, seeded by the epoch: the sampler's default), one SGD
@@ -189,10 +198,7 @@ def test_unsupported_arguments_are_errors_naming_them(tmp_path):
         "    group.process_group.allreduce([torch.ones(1)]).wait()\n"
         "except railshard.InvalidArgument as e:\n"
         "    print('after close:', e)\n")
-    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
-                          text=True, timeout=120)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = _run_alone(script)
     assert "ValueError: ElasticGroup: dataset_size -1 < 0" in out, out
     assert "ValueError: ElasticGroup: global_batch_size 0 < 1" in out, out
     assert "size 1 rank 0 joined False" in out, out
@@ -242,10 +248,7 @@ def test_the_elastic_sampler_hands_out_one_step_at_a_time(tmp_path):
         "    except (ValueError, TypeError) as e:\n"
         "        print(type(e).__name__ + ':', e)\n"
         "group.close()\n")
-    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
-                          text=True, timeout=120)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = _run_alone(script)
     assert "type ElasticThroughputSampler len 4" in out, out
     assert "epoch 0 steps 4 once True completed 1" in out, out
     assert "epoch 1 steps 4 once True completed 2" in out, out
