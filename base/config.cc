@@ -256,16 +256,45 @@ const std::vector<Config::Variable>& Config::variables() {
        }},
       {"RAILSHARD_DISPATCH_POLICY", "proportional",
        "Default dispatcher policy (DispatchOptions::fromConfig): proportional, round_robin "
-       "(or equal), weighted_round_robin, least_loaded.",
+       "(or equal), weighted_round_robin, least_loaded, energy.",
        [](Config& c, const std::string& v) {
-         const std::set<std::string> known = {"proportional", "round_robin", "equal",
-                                              "weighted_round_robin", "least_loaded"};
+         const std::set<std::string> known = {"proportional",         "round_robin",  "equal",
+                                              "weighted_round_robin", "least_loaded", "energy"};
          if (known.count(v) == 0) {
            throw ConfigError("RAILSHARD_DISPATCH_POLICY='" + v +
                              "' is not one of proportional, round_robin, equal, "
-                             "weighted_round_robin, least_loaded");
+                             "weighted_round_robin, least_loaded, energy");
          }
          c.dispatch_policy = v;
+       }},
+      {"RAILSHARD_ENERGY_BUDGET", "1.05",
+       "The energy policy's step-time budget: a step may take this many times the fastest "
+       "plan's time while work moves to the ranks that spend fewer joules (>= 1).",
+       [](Config& c, const std::string& v) {
+         char* end = nullptr;
+         const double budget = std::strtod(v.c_str(), &end);
+         if (v.empty() || *end != '\0' || !(budget >= 1) || budget > 100) {
+           throw ConfigError("RAILSHARD_ENERGY_BUDGET='" + v + "' must be a number from 1 to 100");
+         }
+         c.energy_budget = budget;
+       }},
+      {"RAILSHARD_MEMORY_LIMIT", "(its cgroup's, else the RAM)",
+       "Host memory a rank may use (suffix K, M, G); the load signals report the smallest of "
+       "this, the rank's memory cgroup limit and the RAM, and the sampler caps the rank's "
+       "share to what fits (docs/dispatch.md).",
+       [](Config& c, const std::string& v) {
+         c.memory_limit_bytes = parseBytes("RAILSHARD_MEMORY_LIMIT", v);
+       }},
+      {"RAILSHARD_POWER_WATTS", "(off)",
+       "An emulated power source for machines without NVML or RAPL: the watts this rank draws "
+       "per busy core (energy = watts x its CPU time); labelled emulated wherever shown.",
+       [](Config& c, const std::string& v) {
+         char* end = nullptr;
+         const double watts = std::strtod(v.c_str(), &end);
+         if (v.empty() || *end != '\0' || !(watts > 0) || watts > 1e5) {
+           throw ConfigError("RAILSHARD_POWER_WATTS='" + v + "' must be a number of watts > 0");
+         }
+         c.power_watts = watts;
        }},
       {"RAILSHARD_DISPATCH_LOG_EVERY", "100",
        "The dispatcher logs its plan and the measured throughputs at info level every this "
@@ -297,6 +326,12 @@ const std::vector<Config::Variable>& Config::variables() {
          if (c.metrics_interval.count() < 1) {
            throw ConfigError("RAILSHARD_METRICS_INTERVAL='" + v + "' must be at least 0.001 s");
          }
+       }},
+      {"RAILSHARD_METRICS_PORT", "(off)",
+       "Each rank serves its metrics over HTTP (GET /metrics, the Prometheus text format) on "
+       "this port plus its local rank, for a Prometheus server to scrape.",
+       [](Config& c, const std::string& v) {
+         c.metrics_port = static_cast<int>(parseInteger("RAILSHARD_METRICS_PORT", v, 1, 65535));
        }},
       {"RAILSHARD_RANK", "(set by the launcher)",
        "This process's rank, 0 <= rank < RAILSHARD_WORLD_SIZE.", ignore},
@@ -425,7 +460,9 @@ std::string Config::describe() const {
       << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
       << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events
       << " metrics=" << (metrics_path.empty() ? "-" : metrics_path)
-      << " token=" << (token.empty() ? "none" : "set");
+      << " metrics_port=" << metrics_port << " dispatch_policy=" << dispatch_policy
+      << " energy_budget=" << energy_budget << " memory_limit=" << memory_limit_bytes
+      << " power_watts=" << power_watts << " token=" << (token.empty() ? "none" : "set");
   return out.str();
 }
 

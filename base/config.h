@@ -74,6 +74,13 @@ struct Config {
   // the caller's to replace. "" = off.
   std::string metrics_path;
   std::chrono::milliseconds metrics_interval{5000};  // RAILSHARD_METRICS_INTERVAL
+  int metrics_port = 0;  // RAILSHARD_METRICS_PORT: HTTP /metrics on port + local rank; 0 = off
+  double energy_budget = 1.05;    // RAILSHARD_ENERGY_BUDGET: the energy policy's step-time budget
+  size_t memory_limit_bytes = 0;  // RAILSHARD_MEMORY_LIMIT: memory a rank may use; 0 = its own
+  double power_watts = 0;         // RAILSHARD_POWER_WATTS: emulated draw per busy core; 0 = off
+
+  // Metrics are kept (a RAILSHARD_METRICS file or a RAILSHARD_METRICS_PORT to scrape).
+  bool metricsOn() const { return !metrics_path.empty() || metrics_port > 0; }
 
   // Reads every variable of variables() from `env` (the process environment when null).
   // A malformed value is a ConfigError naming the variable and the value.

@@ -49,8 +49,11 @@
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/policy.h"
 #include "core/dispatch/sample_weighted.h"
+#include "launcher/cgroup.h"
 #include "launcher/environment.h"
 #include "launcher/init.h"
+#include "launcher/load_monitor.h"
+#include "launcher/speed_groups.h"
 
 namespace railshard::bench {
 namespace {
@@ -138,6 +141,22 @@ void work(double ms, bool cpu, double iterations_per_ms) {
   }
 }
 
+// --quota-change: this rank's own CPU quota (its cgroup) times `factor`: the machine makes it
+// slower or faster, and only its load signals can tell the dispatcher before its rate does.
+void changeOwnQuota(double factor, int slot, int step) {
+  const auto group = launcher::cgroup::locate("cpu");
+  const double cores = launcher::cgroup::cpuQuotaCores(group);
+  if (cores <= 0) {
+    throw ConfigError("--quota-change: slot " + std::to_string(slot) +
+                      " has no CPU quota to change (run it under railshard-launch "
+                      "--emulate-speeds)");
+  }
+  launcher::cgroup::setCpuQuota(group, cores * factor, launcher::SpeedGroups::kPeriodUs);
+  std::printf("# slot %d: CPU quota %.3f -> %.3f cores in step %d\n", slot, cores, cores * factor,
+              step);
+  std::fflush(stdout);
+}
+
 std::vector<double> speedsAt(const BenchOptions& options, int step) {
   std::vector<double> speeds = options.speeds;
   if (options.slowdown && step >= options.slowdown->step) {
@@ -168,7 +187,8 @@ long long wallMicros() {
 // enters here with the dispatcher it was handed (m.joined).
 PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& options,
                     size_t policy_index, double iterations_per_ms, std::vector<float>& grad,
-                    const std::optional<Kill>& kill, Membership& m) {
+                    launcher::LoadMonitor& monitor, const std::optional<Kill>& kill,
+                    Membership& m) {
   const std::string& label = options.policies[policy_index];
   const auto world = options.speeds.size();  // launcher slots
   dispatch::DispatchOptions dispatch_options;
@@ -254,6 +274,18 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       const double plan = dispatcher.lastPlanSeconds();
       uint64_t samples = 0;
       for (const auto& range : ranges) samples += range.size();
+      if (options.quota_change && options.quota_change->rank == me &&
+          options.quota_change->step == step) {
+        changeOwnQuota(options.quota_change->factor, me, step);
+      }
+      // Waiting for data is not compute: it is reported as queued work instead.
+      double stalled = 0;
+      if (options.stall && options.stall->rank == me && step >= options.stall->from &&
+          step < options.stall->to) {
+        const auto stall_start = SteadyClock::now();
+        work(options.stall->ms, false, iterations_per_ms);
+        stalled = secondsOf(stall_start);
+      }
       const auto compute_start = SteadyClock::now();
       work(static_cast<double>(samples) * options.unit_ms / speeds[static_cast<size_t>(me)],
            options.cpu_work, iterations_per_ms);
@@ -266,7 +298,13 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
         ::raise(SIGKILL);
       };
       if (dies && kill->point == Kill::Point::kCompute) die();
-      dispatcher.finishStep(static_cast<double>(samples), compute);
+      launcher::LoadMonitor::Sample load = monitor.sample();
+      // The data wait as samples it could have computed meanwhile, at this step's rate.
+      if (stalled > 0 && compute > 0) {
+        load.signals.queued_samples = stalled * static_cast<double>(samples) / compute;
+      }
+      dispatcher.finishStep(static_cast<double>(samples), compute, load.signals,
+                            load.energy_joules);
       const auto allreduce_start = SteadyClock::now();
       dispatch::allreduceSampleMean(*comm, grad.data(), grad.size(), DataType::kFloat32,
                                     dispatcher.mySamples(), dispatcher.stepSamples());
@@ -405,18 +443,20 @@ int run(int argc, char** argv) {
     return 0;
   }
   const long long started_us = wallMicros();
+  // Checked against the launch's world before anyone connects: every rank fails alike at once
+  // (after init() a rank still connecting would see rank 0's store vanish and fail otherwise).
+  const launcher::LaunchEnvironment env =
+      launcher::detectEnvironment(launcher::processEnvironment());
+  checkAgainstWorld(options, env.size);
   auto comm = init();
   const int rank = comm->rank();
   const int world = comm->size();
   // A restarted rank (railshard-launch --max-restarts) joined a running job in init(): its
   // communicator is of a later generation. Its launcher slot says whose speed it has.
   Membership m;
-  const launcher::LaunchEnvironment env =
-      launcher::detectEnvironment(launcher::processEnvironment());
   m.joiner = comm->generation() > 0;
   m.my_slot = m.joiner ? env.rank : comm->worldRank();
   for (int r = 0; r < world; ++r) m.state.slots.push_back(r);
-  checkAgainstWorld(options, m.joiner ? env.size : world);
   if (m.joiner) {
     // The members' grow() admitted this process; their admit() and hand-over follow.
     const long long admitted_us = wallMicros();
@@ -483,6 +523,9 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  // This rank's load signals each step (memory, CPU quota and throttling, power); the queue
+  // is --stall's.
+  launcher::LoadMonitor monitor(launcher::LoadMonitor::fromConfig(comm->config(), -1));
   std::vector<StepRecord> records;
   std::vector<Summary> summaries;
   std::vector<PolicyRun> runs;
@@ -490,7 +533,7 @@ int run(int argc, char** argv) {
   for (size_t p = m.joiner ? m.state.policy : 0; p < options.policies.size(); ++p) {
     const std::string& policy = options.policies[p];
     // The kill happens once, in the first policy; later ones run on the survivors.
-    PolicyRun policy_run = runPolicy(comm, options, p, iterations_per_ms, grad,
+    PolicyRun policy_run = runPolicy(comm, options, p, iterations_per_ms, grad, monitor,
                                      runs.empty() ? options.kill : std::nullopt, m);
     summaries.push_back(summarise(options, policy, policy_run));
     // Every rank checks (they hold the same ledger); rank 0 prints.

@@ -52,9 +52,9 @@ double parsePositive(const std::string& option, const std::string& value) {
 }
 
 bool isOption(const std::string& key) {
-  for (const char* option :
-       {"--policies", "--steps", "--warmup", "--batch", "--micro", "--unit-ms", "--speeds",
-        "--slowdown", "--kill", "--grad-count", "--work", "--json", "--epoch"}) {
+  for (const char* option : {"--policies", "--steps", "--warmup", "--batch", "--micro", "--unit-ms",
+                             "--speeds", "--slowdown", "--kill", "--grad-count", "--work", "--json",
+                             "--epoch", "--stall", "--quota-change"}) {
     if (key == option) return true;
   }
   return false;
@@ -76,6 +76,11 @@ std::string usage() {
          "  --speeds a,b,...     speed factor per rank, one per rank (default 1 each)\n"
          "  --slowdown R:F:S     from step S on (counted from 0 in each policy) rank R's speed\n"
          "                       is divided by F\n"
+         "  --stall R:A:B:MS     in steps A..B-1 of each policy rank R waits MS ms for its data\n"
+         "                       before computing (its loader ran dry) and reports the wait as\n"
+         "                       queued work (least_loaded plans with it; proportional does not)\n"
+         "  --quota-change R:S:F in step S of each policy rank R multiplies its CPU quota (its\n"
+         "                       cgroup: railshard-launch --emulate-speeds) by F\n"
          "  --kill R:S[:POINT]   launch rank R kills itself (SIGKILL) in step S of the first\n"
          "                       policy; the others shrink the communicator, recover the\n"
          "                       dispatcher and finish the run (needs railshard-launch\n"
@@ -153,6 +158,32 @@ BenchOptions parseOptions(int argc, char** argv) {
       slowdown.factor = parsePositive(key + " factor", parts[1]);
       slowdown.step = static_cast<int>(parseInteger(key + " step", parts[2], 0, 1 << 24));
       options.slowdown = slowdown;
+    } else if (key == "--stall") {
+      const auto parts = split(value, ':');
+      if (parts.size() != 4) {
+        throw UsageError("--stall: expected RANK:FROM:TO:MS (e.g. 1:10:20:30), got '" + value +
+                         "'");
+      }
+      Stall stall;
+      stall.rank = static_cast<int>(parseInteger(key + " rank", parts[0], 0, 1 << 20));
+      stall.from = static_cast<int>(parseInteger(key + " from", parts[1], 0, 1 << 24));
+      stall.to = static_cast<int>(parseInteger(key + " to", parts[2], 0, 1 << 24));
+      stall.ms = parsePositive(key + " ms", parts[3]);
+      if (stall.to <= stall.from) {
+        throw UsageError("--stall: TO must be after FROM, got '" + value + "'");
+      }
+      options.stall = stall;
+    } else if (key == "--quota-change") {
+      const auto parts = split(value, ':');
+      if (parts.size() != 3) {
+        throw UsageError("--quota-change: expected RANK:STEP:FACTOR (e.g. 2:20:0.5), got '" +
+                         value + "'");
+      }
+      QuotaChange change;
+      change.rank = static_cast<int>(parseInteger(key + " rank", parts[0], 0, 1 << 20));
+      change.step = static_cast<int>(parseInteger(key + " step", parts[1], 0, 1 << 24));
+      change.factor = parsePositive(key + " factor", parts[2]);
+      options.quota_change = change;
     } else if (key == "--kill") {
       const auto parts = split(value, ':');
       if (parts.size() != 2 && parts.size() != 3) {
@@ -219,6 +250,14 @@ void checkAgainstWorld(BenchOptions& options, int world) {
                      " does not exist (world size " + std::to_string(world) + ")");
   }
   if (options.kill && world < 2) throw UsageError("--kill: needs at least 2 ranks");
+  if (options.stall && options.stall->rank >= world) {
+    throw UsageError("--stall: rank " + std::to_string(options.stall->rank) + " does not exist (" +
+                     std::to_string(world) + " ranks)");
+  }
+  if (options.quota_change && options.quota_change->rank >= world) {
+    throw UsageError("--quota-change: rank " + std::to_string(options.quota_change->rank) +
+                     " does not exist (" + std::to_string(world) + " ranks)");
+  }
   double sum = 0;
   for (double s : options.speeds) sum += s;
   if (options.unit_ms == 0) {

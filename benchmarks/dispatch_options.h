@@ -35,6 +35,25 @@ struct Kill {
   Point point = Point::kCompute;
 };
 
+// --stall R:FROM:TO:MS: in steps [FROM, TO) of each policy, launch rank R waits MS ms for its
+// data before it computes (its loader ran dry); it reports the wait as queued work
+// (LoadSignals::queued_samples = the wait times its rate), which least_loaded plans with.
+struct Stall {
+  int rank = 0;
+  int from = 0;
+  int to = 0;
+  double ms = 0;
+};
+
+// --quota-change R:S:F: in step S of each policy launch rank R multiplies its own CPU quota
+// (its cgroup, as railshard-launch --emulate-speeds made it) by F: the machine, not a sleep,
+// makes it slower or faster.
+struct QuotaChange {
+  int rank = 0;
+  int step = 0;
+  double factor = 1;
+};
+
 struct BenchOptions {
   std::vector<std::string> policies = {"proportional", "equal"};
   int steps = 30;
@@ -45,7 +64,9 @@ struct BenchOptions {
   std::vector<double> speeds;  // empty: 1 per rank
   std::optional<Slowdown> slowdown;
   std::optional<Kill> kill;  // needs railshard-launch --elastic
-  bool grow = false;         // admit joiners at step boundaries (Communicator::grow())
+  std::optional<Stall> stall;
+  std::optional<QuotaChange> quota_change;
+  bool grow = false;  // admit joiners at step boundaries (Communicator::grow())
   // 256K floats (1 MiB, ~1 ms here): the issue asked for 1M, but on this 2-core machine 1M
   // floats take ~5 ms to all-reduce across 3 ranks, ~10% of a 50 ms step on their own; that is
   // the all-reduce's cost, not the dispatcher's, and would hide what this benchmark is about.

@@ -5,7 +5,10 @@
 #include <mutex>
 #include <string>
 
+#include "base/logging.h"
 #include "base/metrics.h"
+#include "base/metrics_http.h"
+#include "core/collectives/host_layout.h"
 #include "core/communicator.h"
 #include "transport/transport.h"
 
@@ -53,19 +56,28 @@ void describeAll() {
 }  // namespace
 
 void Communicator::setUpMetrics() {
-  if (config_.metrics_path.empty()) return;
+  if (!config_.metricsOn()) return;
   metrics_ = true;
   static std::once_flag described;
   std::call_once(described, describeAll);
-  // One exporter per process, started by its first communicator.
+  // One exporter of each kind per process, started by its first communicator.
   static std::once_flag started;
   std::call_once(started, [&] {
-    std::string path = config_.metrics_path;
-    const std::string marker = "{rank}";
-    for (size_t at = path.find(marker); at != std::string::npos; at = path.find(marker)) {
-      path.replace(at, marker.size(), std::to_string(worldRank()));
+    if (!config_.metrics_path.empty()) {
+      std::string path = config_.metrics_path;
+      const std::string marker = "{rank}";
+      for (size_t at = path.find(marker); at != std::string::npos; at = path.find(marker)) {
+        path.replace(at, marker.size(), std::to_string(worldRank()));
+      }
+      metrics::startFileExporter(path, config_.metrics_interval);
     }
-    metrics::startFileExporter(path, config_.metrics_interval);
+    if (config_.metrics_port > 0) {
+      // Ranks of one host share its ports: each takes the base plus its index on the host.
+      const int local = layout_ ? layout_->local_rank_of[static_cast<size_t>(rank_)] : 0;
+      const int port = metrics::startHttpExporter("0.0.0.0", config_.metrics_port + local);
+      RS_LOG_INFO("rank {}: metrics at http://{}:{}/metrics", worldRank(),
+                  advertise_host_.empty() ? "127.0.0.1" : advertise_host_, port);
+    }
   });
   const std::string rank = std::to_string(worldRank());
   metrics_collector_ =

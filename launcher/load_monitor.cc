@@ -1,8 +1,8 @@
 #include "launcher/load_monitor.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "base/logging.h"
@@ -11,77 +11,103 @@ namespace railshard::launcher {
 
 namespace {
 
-// NVML's ABI for the three calls used here, declared locally: the structs are fixed by NVML's
-// stable C API (nvml.h is not part of every CUDA toolkit install, and loading at run time
-// keeps the library usable where no driver exists). Untested here: no GPU on the build host.
-struct NvmlUtilization {
-  unsigned int gpu;
-  unsigned int memory;
-};
-struct NvmlMemory {
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-using InitFn = int (*)();
-using ShutdownFn = int (*)();
-using HandleFn = int (*)(unsigned int, void**);
-using UtilizationFn = int (*)(void*, NvmlUtilization*);
-using MemoryFn = int (*)(void*, NvmlMemory*);
+double ramBytes(const std::string& proc) {
+  std::ifstream in(proc + "/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib * 1024;
+  }
+  return 0;
+}
 
 }  // namespace
 
-LoadMonitor::LoadMonitor(int gpu_index) {
-  if (gpu_index < 0) return;
-  library_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (library_ == nullptr) {
-    RS_LOG_DEBUG("load monitor: NVML not available ({}); no GPU signals", ::dlerror());
-    return;
-  }
-  auto init = reinterpret_cast<InitFn>(::dlsym(library_, "nvmlInit_v2"));
-  auto handle = reinterpret_cast<HandleFn>(::dlsym(library_, "nvmlDeviceGetHandleByIndex_v2"));
-  utilization_ = ::dlsym(library_, "nvmlDeviceGetUtilizationRates");
-  memory_ = ::dlsym(library_, "nvmlDeviceGetMemoryInfo");
-  void* device = nullptr;
-  if (init == nullptr || handle == nullptr || init() != 0 ||
-      handle(static_cast<unsigned int>(gpu_index), &device) != 0) {
-    RS_LOG_DEBUG("load monitor: NVML has no GPU {}", gpu_index);
-    return;
-  }
-  device_ = device;
+LoadMonitor::Options LoadMonitor::fromConfig(const Config& config, int gpu_index) {
+  Options options;
+  options.gpu_index = gpu_index;
+  options.memory_limit_bytes = static_cast<double>(config.memory_limit_bytes);
+  options.emulated_watts = config.power_watts;
+  return options;
 }
 
-LoadMonitor::~LoadMonitor() {
-  if (library_ == nullptr) return;
-  if (device_ != nullptr) {
-    if (auto shutdown = reinterpret_cast<ShutdownFn>(::dlsym(library_, "nvmlShutdown"))) {
-      shutdown();
-    }
+LoadMonitor::LoadMonitor(Options options)
+    : options_(std::move(options)),
+      gpu_(std::make_unique<NvmlDevice>(options_.gpu_index)),
+      power_(PowerMeter::Options{gpu_.get(), options_.powercap_root, options_.proc,
+                                 options_.emulated_watts}),
+      cpu_(cgroup::locate("cpu", options_.proc)),
+      memory_(cgroup::locate("memory", options_.proc)),
+      ram_bytes_(ramBytes(options_.proc)) {
+  if (options_.gpu_index >= 0 && !gpu_->available()) {
+    sayOnce("gpu", "load signals: no GPU utilisation or memory: " + gpu_->why());
   }
-  ::dlclose(library_);
+  if (!power_.available()) {
+    sayOnce("power", "load signals: no power source (no NVML GPU, no readable RAPL zone under " +
+                         options_.powercap_root +
+                         ", RAILSHARD_POWER_WATTS unset): energy is unknown and the energy policy "
+                         "plans as proportional");
+  } else {
+    RS_LOG_DEBUG("load signals: power from {}", power_.source());
+  }
+  if (!cpu_.found()) {
+    sayOnce("cpu", "load signals: no cgroup cpu controller: CPU quota and throttling unknown");
+  }
 }
 
-dispatch::LoadSignals LoadMonitor::sample() const {
-  dispatch::LoadSignals signals;
-  std::ifstream statm("/proc/self/statm");
-  long long pages_total = 0;
-  long long pages_resident = 0;
-  if (statm >> pages_total >> pages_resident) {
-    signals.memory_bytes =
-        static_cast<double>(pages_resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  }
-  if (device_ != nullptr) {
-    NvmlUtilization utilization{};
-    if (utilization_ != nullptr &&
-        reinterpret_cast<UtilizationFn>(utilization_)(device_, &utilization) == 0) {
-      signals.gpu_utilization = utilization.gpu / 100.0;
-    }
-    NvmlMemory memory{};
-    if (memory_ != nullptr && reinterpret_cast<MemoryFn>(memory_)(device_, &memory) == 0) {
-      signals.gpu_memory_bytes = static_cast<double>(memory.used);
+LoadMonitor::~LoadMonitor() = default;
+
+void LoadMonitor::sayOnce(const std::string& key, const std::string& what) {
+  if (said_.insert(key).second) RS_LOG_INFO("{}", what);
+}
+
+LoadMonitor::Sample LoadMonitor::sample() {
+  Sample out;
+  dispatch::LoadSignals& s = out.signals;
+  {
+    std::ifstream statm(options_.proc + "/self/statm");
+    long long pages_total = 0;
+    long long pages_resident = 0;
+    if (statm >> pages_total >> pages_resident) {
+      s.memory_bytes =
+          static_cast<double>(pages_resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
     }
   }
-  return signals;
+  // What it may use: the tightest of its cgroup, the configured cap and the machine.
+  double limit = ram_bytes_;
+  const double group = cgroup::memoryLimitBytes(memory_);
+  if (group > 0) limit = limit > 0 ? std::min(limit, group) : group;
+  if (options_.memory_limit_bytes > 0) {
+    limit = limit > 0 ? std::min(limit, options_.memory_limit_bytes) : options_.memory_limit_bytes;
+  }
+  s.memory_limit_bytes = std::max(limit, 0.0);
+
+  const auto now = std::chrono::steady_clock::now();
+  const double quota = cgroup::cpuQuotaCores(cpu_);
+  if (quota >= 0) {
+    s.cpu_quota_cores = quota;
+  } else if (cpu_.found()) {
+    sayOnce("quota", "load signals: cannot read the CPU quota under " + cpu_.dir);
+  }
+  const double throttled = cgroup::throttledSeconds(cpu_);
+  if (throttled >= 0 && last_throttled_ >= 0) {
+    const double interval = std::chrono::duration<double>(now - last_time_).count();
+    if (interval > 0)
+      s.cpu_throttled = std::clamp((throttled - last_throttled_) / interval, 0.0, 1.0);
+  }
+  last_throttled_ = throttled;
+  last_time_ = now;
+
+  if (gpu_->available()) {
+    s.gpu_utilization = std::clamp(gpu_->utilization(), 0.0, 1.0);
+    s.gpu_memory_bytes = std::max(gpu_->memoryUsedBytes(), 0.0);
+    s.gpu_memory_total_bytes = std::max(gpu_->memoryTotalBytes(), 0.0);
+  }
+  const PowerMeter::Reading power = power_.sample();
+  s.power_watts = power.watts;
+  out.energy_joules = power.joules;
+  return out;
 }
 
 }  // namespace railshard::launcher

@@ -490,6 +490,11 @@ int runLocalJob(const LocalJobOptions& options) {
                           std::to_string(options.min_ranks) +
                           (options.elastic ? "" : " without elastic"));
   }
+  if (!options.cgroup_procs.empty() &&
+      options.cgroup_procs.size() != static_cast<size_t>(options.world_size)) {
+    throw InvalidArgument("cgroup_procs names " + std::to_string(options.cgroup_procs.size()) +
+                          " groups for " + std::to_string(options.world_size) + " ranks");
+  }
   if (options.max_restarts < 0 || (options.max_restarts > 0 && !options.elastic)) {
     throw InvalidArgument("max_restarts must be 0, or positive in elastic mode; got " +
                           std::to_string(options.max_restarts) +
@@ -539,6 +544,7 @@ int runLocalJob(const LocalJobOptions& options) {
     // terminal's foreground group, and reading it would stop them (SIGTTIN).
     spec.stdin_fd = (rank == 0 && ::isatty(STDIN_FILENO) == 0) ? STDIN_FILENO : -1;
     spec.inherited_fd = gets_socket ? listener.get() : -1;
+    if (!options.cgroup_procs.empty()) spec.cgroup_procs = options.cgroup_procs[rank];
     ProcessGroup::Pipes pipes = ranks.spawn(spec);
     std::string prefix;
     if (options.prefix_output) prefix.append("[").append(std::to_string(rank)).append("] ");

@@ -45,8 +45,21 @@ bool moveTo(int source, int target) {
 // The child's side of spawn(): plain system calls only (execvpe searches PATH on the stack,
 // without malloc), because the parent may have had other threads holding locks at the moment
 // of fork. Never returns.
+// Writes this process's pid to `fd` (a cgroup.procs) without malloc; false with errno set.
+bool enterGroup(int fd) {
+  char digits[24];
+  char* end = digits + sizeof(digits);
+  char* at = end;
+  for (pid_t pid = ::getpid(); pid > 0 || at == end; pid /= 10)
+    *--at = static_cast<char>('0' + pid % 10);
+  return ::write(fd, at, static_cast<size_t>(end - at)) == end - at;
+}
+
+// What the child sends back when entering its control group failed (errno follows).
+constexpr int kGroupFailed = -1;
+
 [[noreturn]] void runChild(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
-                           int err_fd, int inherited_fd, int status_fd, pid_t parent,
+                           int err_fd, int inherited_fd, int cgroup_fd, int status_fd, pid_t parent,
                            const rlimit* nofile) {
   // Own process group: a terminal's Ctrl-C goes to the launcher only, which forwards it.
   ::setpgid(0, 0);
@@ -60,6 +73,12 @@ bool moveTo(int source, int target) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   if (nofile != nullptr) ::setrlimit(RLIMIT_NOFILE, nofile);
 
+  if (cgroup_fd >= 0 && !enterGroup(cgroup_fd)) {
+    const int failure[2] = {kGroupFailed, errno};
+    ssize_t ignored = ::write(status_fd, failure, sizeof(failure));
+    (void)ignored;
+    ::_exit(127);
+  }
   int err = 0;
   if (!moveTo(stdin_fd, STDIN_FILENO) || !moveTo(out_fd, STDOUT_FILENO) ||
       !moveTo(err_fd, STDERR_FILENO)) {
@@ -151,8 +170,10 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   int err[2] = {-1, -1};
   int status[2] = {-1, -1};
   int null_fd = -1;
+  int cgroup_fd = -1;
   auto closeAll = [&] {
-    for (int* fd : {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1], &null_fd}) {
+    for (int* fd :
+         {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1], &null_fd, &cgroup_fd}) {
       closeIfOpen(*fd);
     }
   };
@@ -160,6 +181,12 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
     makePipe(out);
     makePipe(err);
     makePipe(status);
+    if (!spec.cgroup_procs.empty()) {
+      cgroup_fd = ::open(spec.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (cgroup_fd < 0) {
+        throw Error("cannot start a rank: " + spec.cgroup_procs + ": " + errnoText(errno));
+      }
+    }
     if (spec.stdin_fd < 0) {
       null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (null_fd < 0) throw Error("cannot start a rank: /dev/null: " + errnoText(errno));
@@ -174,7 +201,7 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     runChild(argv.data(), envp.data(), spec.stdin_fd >= 0 ? spec.stdin_fd : null_fd, out[1], err[1],
-             spec.inherited_fd, status[1], parent, nofile);
+             spec.inherited_fd, cgroup_fd, status[1], parent, nofile);
   }
   if (pid < 0) {
     const int fork_errno = errno;
@@ -187,17 +214,23 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   closeIfOpen(err[1]);
   closeIfOpen(status[1]);
   closeIfOpen(null_fd);
+  closeIfOpen(cgroup_fd);
 
-  int exec_errno = 0;
+  int reply[2] = {0, 0};  // exec's errno, or kGroupFailed and the errno of entering the group
   ssize_t n;
-  while ((n = ::read(status[0], &exec_errno, sizeof(exec_errno))) < 0 && errno == EINTR) {
+  while ((n = ::read(status[0], reply, sizeof(reply))) < 0 && errno == EINTR) {
   }
+  const int exec_errno = reply[0];
   closeIfOpen(status[0]);
   if (n > 0) {
     int wait_status = 0;
     while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
     }
     closeAll();
+    if (exec_errno == kGroupFailed) {
+      throw Error("cannot start a rank: entering the control group " + spec.cgroup_procs +
+                  " failed: " + errnoText(reply[1]));
+    }
     throw SpawnError("cannot execute '" + spec.argv[0] + "': " + errnoText(exec_errno), exec_errno);
   }
 

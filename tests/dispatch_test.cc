@@ -268,7 +268,9 @@ TEST(Dispatcher, LeastLoadedCountsQueuedWorkAndWeightedUsesStaticWeights) {
   a.report(0, 10, 1.0);
   a.report(1, 10, 1.0);
   a.completeStep();
-  a.setQueued(0, 20);  // rank 0 still has 20 samples of other work queued
+  LoadSignals queued;
+  queued.queued_samples = 20;  // rank 0 still has 20 samples of other work queued
+  a.setLoad(0, queued);
   EXPECT_THAT(a.plan(40).samples, ElementsAre(10, 30));
 
   DispatchOptions wrr;
@@ -854,7 +856,7 @@ TEST(SampleWeighted, UnequalSharesGiveTheWholeBatchGradient) {
 TEST(LoadMonitor, ReportsThisProcessesResidentMemory) {
   launcher::LoadMonitor monitor(0);  // GPU 0: none here, so no GPU signals (and no error)
   const std::vector<char> ballast(64 << 20, 1);  // 64 MiB touched
-  const LoadSignals signals = monitor.sample();
+  const LoadSignals signals = monitor.sample().signals;
   EXPECT_GE(signals.memory_bytes, 64.0 * (1 << 20));
   EXPECT_LT(signals.memory_bytes, 64.0 * (1 << 30));
   if (!monitor.hasGpu()) {

@@ -10,6 +10,7 @@
 #include "base/metrics.h"
 #include "base/trace.h"
 #include "core/communicator.h"
+#include "core/dispatch/dispatch_metrics.h"
 #include "core/dispatch/static_weights.h"
 #include "core/topology/topology.h"
 
@@ -17,18 +18,18 @@ namespace railshard::dispatch {
 
 namespace {
 
-// The wire form of a RankReport: eight 8-byte fields, gathered as bytes.
+// The wire form of a RankReport: sixteen 8-byte fields, gathered as bytes.
 struct WireReport {
   double samples;
   double seconds;
-  double queued_samples;
-  double memory_bytes;
-  double gpu_utilization;
-  double gpu_memory_bytes;
+  double energy_joules;
+  LoadSignals load;  // ten doubles
   uint64_t plan_fingerprint;
   uint64_t has_report;  // 0 before the first step
+  uint64_t reserved;
 };
-static_assert(sizeof(WireReport) == 64);
+static_assert(sizeof(LoadSignals) == 10 * sizeof(double));
+static_assert(sizeof(WireReport) == 128);
 
 std::string describe(const StepPlan& plan, const ThroughputEstimator& estimator) {
   std::ostringstream out;
@@ -93,10 +94,8 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   WireReport mine{};
   mine.samples = mine_.samples;
   mine.seconds = mine_.seconds;
-  mine.queued_samples = mine_.load.queued_samples;
-  mine.memory_bytes = mine_.load.memory_bytes;
-  mine.gpu_utilization = mine_.load.gpu_utilization;
-  mine.gpu_memory_bytes = mine_.load.gpu_memory_bytes;
+  mine.energy_joules = mine_.energy_joules;
+  mine.load = mine_.load;
   mine.plan_fingerprint = have_step ? state_.dispatcher().current().fingerprint() : 0;
   mine.has_report = have_step ? 1 : 0;
   std::vector<WireReport> all(static_cast<size_t>(comm_->size()));
@@ -107,10 +106,8 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   reports_.assign(static_cast<size_t>(state_.dispatcher().worldSize()), RankReport{});
   for (size_t r = 0; r < all.size(); ++r) {
     const WireReport& w = all[r];
-    reports_[static_cast<size_t>(ranks_[r])] = RankReport{
-        w.samples, w.seconds,
-        LoadSignals{w.queued_samples, w.memory_bytes, w.gpu_utilization, w.gpu_memory_bytes},
-        w.plan_fingerprint};
+    reports_[static_cast<size_t>(ranks_[r])] =
+        RankReport{w.samples, w.seconds, w.energy_joules, w.load, w.plan_fingerprint};
   }
   // Every rank must have run the same plan; a difference means the ranks' dispatchers
   // diverged (different options, different binaries), and training would skip or repeat
@@ -130,28 +127,27 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   mine_ = RankReport{};
   plan_seconds_ = secondsSince(plan_start);
   ++steps_;
-  if (!comm_->config().metrics_path.empty()) {
-    // What an operator watches to see the load balance (RAILSHARD_METRICS).
-    const auto& estimator = state_.dispatcher().estimator();
-    const std::string me = std::to_string(comm_->worldRank());
-    for (size_t r = 0; r < plan.samples.size(); ++r) {
-      const metrics::Labels labels = {{"rank", me}, {"shard_rank", std::to_string(r)}};
-      metrics::set("railshard_dispatch_shard_size", labels, static_cast<double>(plan.samples[r]));
-      if (static_cast<int>(r) < estimator.ranks()) {
-        metrics::set("railshard_dispatch_samples_per_second", labels,
-                     estimator.rate(static_cast<int>(r)));
-      }
-    }
-    metrics::set("railshard_dispatch_step", {{"rank", me}}, static_cast<double>(plan.step));
+  if (comm_->config().metricsOn()) {
+    exportMetrics(state_.dispatcher(), my_rank_, comm_->worldRank());
   }
   if (trace::enabled()) {
-    // Shares and the estimates behind them over time, by launch rank (docs/tracing.md).
-    const auto& estimator = state_.dispatcher().estimator();
+    // Shares and the estimates behind them over time, by launch rank, and each rank's power
+    // and samples per joule (docs/tracing.md).
+    const Dispatcher& d = state_.dispatcher();
+    const auto& estimator = d.estimator();
     std::vector<double> shares(plan.samples.begin(), plan.samples.end());
     std::vector<double> rates;
-    for (int r = 0; r < estimator.ranks(); ++r) rates.push_back(estimator.rate(r));
+    std::vector<double> watts;
+    std::vector<double> per_joule;
+    for (int r = 0; r < estimator.ranks(); ++r) {
+      rates.push_back(estimator.rate(r));
+      watts.push_back(d.load(r).power_watts);
+      per_joule.push_back(d.joulesPerSample(r) > 0 ? 1 / d.joulesPerSample(r) : 0);
+    }
     trace::recordCounter(comm_->worldRank(), "shares", std::move(shares));
     trace::recordCounter(comm_->worldRank(), "throughput", std::move(rates));
+    trace::recordCounter(comm_->worldRank(), "power_watts", std::move(watts));
+    trace::recordCounter(comm_->worldRank(), "samples_per_joule", std::move(per_joule));
   }
   if (log_every_ > 0 && comm_->rank() == 0 && steps_ % static_cast<uint64_t>(log_every_) == 0) {
     RS_LOG_INFO("dispatch {}", describe(plan, state_.dispatcher().estimator()));
@@ -161,9 +157,14 @@ const std::vector<Range>& CollectiveDispatcher::nextStep(size_t global_batch) {
   return plan.ranges[static_cast<size_t>(my_rank_)];
 }
 
-void CollectiveDispatcher::finishStep(double samples, double seconds, const LoadSignals& load) {
+void CollectiveDispatcher::finishStep(double samples, double seconds, const LoadSignals& load,
+                                      double energy_joules) {
+  // Refused here, before it could reach the others' plans.
+  checkReport(RankReport{samples, seconds, energy_joules, load, 0},
+              "rank " + std::to_string(my_rank_));
   mine_.samples = samples;
   mine_.seconds = seconds;
+  mine_.energy_joules = energy_joules;
   mine_.load = load;
 }
 

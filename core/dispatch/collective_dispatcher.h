@@ -41,8 +41,12 @@ class CollectiveDispatcher {
   // recover() with Recovery::redo it returns the step to redo instead, without a collective
   // (global_batch is then ignored).
   const std::vector<Range>& nextStep(size_t global_batch);
-  // This rank's measurement of the step just run (compute time only, not waiting).
-  void finishStep(double samples, double seconds, const LoadSignals& load = {});
+  // This rank's measurement of the step just run (compute time only, not waiting), what it
+  // says about its load (launcher::LoadMonitor reads most of it; queued_samples and
+  // cap_samples are the caller's) and the energy it drew over the step (0: unknown).
+  // InvalidArgument naming the field and value for a nonsensical report, which is not kept.
+  void finishStep(double samples, double seconds, const LoadSignals& load = {},
+                  double energy_joules = 0);
   // This rank applied the current step (its gradient all-reduce succeeded). What recover()
   // agrees on is the steps every survivor committed. Calling it is optional: nextStep()
   // commits a step it finds uncommitted, since the caller has moved past it.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "core/dispatch/load_signals.h"
 #include "core/dispatch/policy.h"
 #include "core/dispatch/throughput_estimator.h"
 
@@ -37,6 +38,8 @@ struct DispatchOptions {
   size_t micro_batch = 1;        // shares are whole micro-batches (the epoch's tail excepted)
   size_t min_micro_batches = 0;  // per live rank and step, when the batch allows (proportional)
   std::vector<double> weights;   // weighted_round_robin; empty = 1 per rank
+  // energy: the step may take this many times the fastest plan's time (>= 1).
+  double energy_budget = 1.05;
   EstimatorOptions estimator;
 };
 
@@ -54,10 +57,22 @@ class Dispatcher {
   const StepPlan& plan(size_t global_batch);
   // The current step's ranges are processed (by every live rank): they become done.
   void completeStep();
-  // Measurement from `rank`: it processed `samples` in `seconds` (its compute, not waiting).
-  void report(int rank, double samples, double seconds);
-  // Extra load signal: work already queued at the rank (least_loaded counts it).
-  void setQueued(int rank, double queued_samples);
+  // Measurement from `rank`: it processed `samples` in `seconds` (its compute, not waiting),
+  // drawing `energy_joules` over the step (0: unknown; the energy policy's joules per sample).
+  // Call after setLoad() of the same step: its CPU quota says what the rate was measured under.
+  void report(int rank, double samples, double seconds, double energy_joules = 0);
+  // What `rank` reports about its load (core/dispatch/load_signals.h), every step:
+  //  - queued_samples: work ahead of new work there (least_loaded counts it);
+  //  - cpu_quota_cores: the estimator keeps the rank's rate per core, so a quota that changes
+  //    moves its share at the next plan, before a slower step has been measured;
+  //  - cap_samples: no plan gives it more (whole micro-batches); what it cannot take goes to
+  //    the others, and when all are full the step is smaller.
+  // The rest is kept for whoever reads load(). InvalidArgument naming the rank, field and
+  // value for a nonsensical report (negative, not finite), which then changes nothing.
+  void setLoad(int rank, const LoadSignals& load);
+  const LoadSignals& load(int rank) const;
+  // Joules per sample the rank spent lately (0: unknown).
+  double joulesPerSample(int rank) const;
 
   // The rank is gone. Its ranges of the current step (not done) go to the live ranks by the
   // policy; returns the updated plan. Later plans leave it out. InvalidArgument for the last
@@ -65,6 +80,11 @@ class Dispatcher {
   const StepPlan& markFailed(int rank);
   // A new rank; it gets work from the next plan on (equal share until it has reported).
   int addRank(double weight = 1);
+  // Samples a completed step handed out that were not processed (a rank ran out of memory and
+  // every rank gave the step up): `ranges` -- the step's, every rank's -- go back into the
+  // epoch, and the next plans hand them out first, under the caps then in force. InvalidArgument
+  // while a step is open, for a range not handed out yet or already requeued.
+  void requeue(const std::vector<Range>& ranges);
   // Withdraws the open step as if plan() had not been called (its samples go back to the
   // unassigned rest of the epoch, the step number is reused). For elastic recovery: some
   // survivors planned a step the others never reached. Ranks marked failed stay failed.
@@ -80,7 +100,9 @@ class Dispatcher {
   int liveRanks() const;
   uint64_t epochSize() const { return epoch_size_; }
   uint64_t assigned() const { return cursor_; }  // samples handed out so far this epoch
-  uint64_t done() const { return done_; }        // samples of completed steps
+  // Samples requeue()d and not planned again yet.
+  bool hasReturned() const { return !returned_.empty(); }
+  uint64_t done() const { return done_; }  // samples of completed steps
   bool epochDone() const { return done_ == epoch_size_; }
   // Starts the next epoch (all samples again). InvalidArgument while a step is open.
   void newEpoch();
@@ -97,6 +119,11 @@ class Dispatcher {
 
   std::vector<size_t> share(size_t units, const std::vector<bool>& take_part, uint64_t rotation);
   std::vector<double> weightsFor(const std::vector<bool>& take_part) const;
+  // Units each rank's memory holds (-1: no cap), from cap_samples.
+  std::vector<long long> capsInUnits() const;
+  // The policy's shares before the caps.
+  std::vector<size_t> policyShares(size_t units, const std::vector<double>& weights,
+                                   uint64_t rotation) const;
 
   DispatchOptions options_;
   uint64_t epoch_size_;
@@ -106,7 +133,10 @@ class Dispatcher {
   uint64_t next_step_ = 0;
   bool step_open_ = false;
   std::vector<bool> alive_;
-  std::vector<double> queued_;
+  std::vector<Range> returned_;        // requeue()d samples, planned before the cursor's
+  std::vector<Range> taken_returned_;  // what the open plan took from them (for unplan())
+  std::vector<LoadSignals> load_;
+  std::vector<double> joules_per_sample_;  // energy, smoothed like the rates
   std::vector<double> static_weights_;
   ThroughputEstimator estimator_;
   StepPlan plan_;

@@ -1,12 +1,29 @@
 #include "core/dispatch/elastic_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "base/error.h"
 #include "base/fnv.h"
 
 namespace railshard::dispatch {
+
+void checkReport(const RankReport& report, const std::string& who) {
+  const struct {
+    const char* name;
+    double value;
+  } fields[] = {{"samples", report.samples},
+                {"seconds", report.seconds},
+                {"energy_joules", report.energy_joules}};
+  for (const auto& field : fields) {
+    if (!std::isfinite(field.value) || field.value < 0) {
+      throw InvalidArgument(who + " reported " + field.name + " = " + std::to_string(field.value) +
+                            " (must be a finite number >= 0)");
+    }
+  }
+  validate(report.load, who);
+}
 
 ElasticState::ElasticState(int world_size, uint64_t epoch_size, DispatchOptions options)
     : dispatcher_(world_size, epoch_size, std::move(options)) {}
@@ -26,13 +43,19 @@ const StepPlan& ElasticState::advance(size_t global_batch, const std::vector<Ran
       throw InvalidArgument("ElasticState::advance: " + std::to_string(reports.size()) +
                             " reports for " + std::to_string(dispatcher_.worldSize()) + " ranks");
     }
+    // Every report checked before any is applied: a nonsensical one moves nothing (and every
+    // rank, seeing the same reports, raises the same error).
+    for (size_t r = 0; r < reports.size(); ++r) {
+      if (dispatcher_.alive(static_cast<int>(r)))
+        checkReport(reports[r], "rank " + std::to_string(r));
+    }
     previous_ = dispatcher_;
     // Same reports in the same order on every rank: same estimates, same next plan.
     for (size_t r = 0; r < reports.size(); ++r) {
       const int rank = static_cast<int>(r);
       if (!dispatcher_.alive(rank)) continue;
-      dispatcher_.report(rank, reports[r].samples, reports[r].seconds);
-      dispatcher_.setQueued(rank, reports[r].load.queued_samples);
+      dispatcher_.setLoad(rank, reports[r].load);
+      dispatcher_.report(rank, reports[r].samples, reports[r].seconds, reports[r].energy_joules);
     }
     dispatcher_.completeStep();
   }

@@ -2,27 +2,26 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/dispatch/dispatcher.h"
+#include "core/dispatch/load_signals.h"
 
 namespace railshard::dispatch {
-
-// What a rank says about its last step, beyond samples and seconds. All optional (0 = unknown).
-struct LoadSignals {
-  double queued_samples = 0;    // work waiting at the rank (least_loaded uses it)
-  double memory_bytes = 0;      // host memory in use
-  double gpu_utilization = 0;   // 0..1
-  double gpu_memory_bytes = 0;  // device memory in use
-};
 
 // One rank's report as every rank sees it after the per-step all-gather.
 struct RankReport {
   double samples = 0;
   double seconds = 0;
+  double energy_joules = 0;  // drawn over the step (0: unknown)
   LoadSignals load;
   uint64_t plan_fingerprint = 0;  // the plan the rank ran
 };
+
+// InvalidArgument naming `who`, the field and the value when a report is nonsensical:
+// negative or non-finite samples, seconds or energy, or load signals out of range.
+void checkReport(const RankReport& report, const std::string& who);
 
 // Where one rank stands in the step protocol when a peer is lost; the survivors exchange these
 // to agree on the last consistent state.

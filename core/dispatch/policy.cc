@@ -18,6 +18,8 @@ std::string_view name(Policy policy) {
       return "weighted_round_robin";
     case Policy::kLeastLoaded:
       return "least_loaded";
+    case Policy::kEnergy:
+      return "energy";
   }
   return "unknown";
 }
@@ -27,9 +29,10 @@ Policy parsePolicy(const std::string& text) {
   if (text == "round_robin" || text == "equal") return Policy::kRoundRobin;
   if (text == "weighted_round_robin") return Policy::kWeightedRoundRobin;
   if (text == "least_loaded") return Policy::kLeastLoaded;
+  if (text == "energy") return Policy::kEnergy;
   throw ConfigError("unknown dispatch policy '" + text +
                     "' (choose proportional, round_robin (or equal), weighted_round_robin, "
-                    "least_loaded)");
+                    "least_loaded, energy)");
 }
 
 namespace {
@@ -160,6 +163,88 @@ std::vector<size_t> leastLoaded(size_t units, const std::vector<double>& rates,
       }
     }
     ++shares[best];
+  }
+  return shares;
+}
+
+std::vector<size_t> energyAware(size_t units, const std::vector<double>& rates,
+                                const std::vector<double>& joules, double budget) {
+  checkWeights(rates, "energyAware");
+  checkWeights(joules, "energyAware (joules)");
+  if (!(budget >= 1) || !std::isfinite(budget)) {
+    throw InvalidArgument("energyAware: the time budget must be >= 1 times the fastest plan, got " +
+                          std::to_string(budget));
+  }
+  const size_t n = rates.size();
+  std::vector<size_t> shares(n, 0);
+  requireSomeone(units, participants(rates), "energyAware");
+  if (units == 0) return shares;
+  std::vector<double> known;
+  for (size_t r = 0; r < n; ++r) {
+    if (rates[r] > 0 && r < joules.size() && joules[r] > 0) known.push_back(joules[r]);
+  }
+  double fill = 0;
+  if (!known.empty()) {
+    std::nth_element(known.begin(), known.begin() + static_cast<long>(known.size() / 2),
+                     known.end());
+    fill = known[known.size() / 2];
+  }
+  const double total_rate = std::accumulate(rates.begin(), rates.end(), 0.0);
+  const double seconds = budget * static_cast<double>(units) / total_rate;
+  std::vector<size_t> order;
+  for (size_t r = 0; r < n; ++r) {
+    if (rates[r] > 0) order.push_back(r);
+  }
+  const auto cost = [&](size_t r) { return r < joules.size() && joules[r] > 0 ? joules[r] : fill; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cost(a) < cost(b); });
+  size_t left = units;
+  for (const size_t r : order) {
+    const auto room = static_cast<size_t>(std::floor(rates[r] * seconds + 1e-9));
+    shares[r] = std::min(room, left);
+    left -= shares[r];
+  }
+  // Whole units can leave a few over (rooms rounded down): to the cheapest ranks by speed.
+  if (left > 0) {
+    const std::vector<size_t> rest = largestRemainder(left, rates);
+    for (size_t r = 0; r < n; ++r) shares[r] += rest[r];
+  }
+  return shares;
+}
+
+std::vector<size_t> applyCaps(std::vector<size_t> shares, const std::vector<long long>& caps,
+                              const std::vector<double>& weights) {
+  const size_t n = shares.size();
+  const auto capOf = [&](size_t r) { return r < caps.size() ? caps[r] : -1LL; };
+  size_t excess = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const long long cap = capOf(r);
+    if (cap >= 0 && shares[r] > static_cast<size_t>(cap)) {
+      excess += shares[r] - static_cast<size_t>(cap);
+      shares[r] = static_cast<size_t>(cap);
+    }
+  }
+  while (excess > 0) {
+    // Ranks with room, by their weights.
+    std::vector<double> open(n, 0);
+    for (size_t r = 0; r < n; ++r) {
+      const long long cap = capOf(r);
+      if (r < weights.size() && weights[r] > 0 &&
+          (cap < 0 || shares[r] < static_cast<size_t>(cap))) {
+        open[r] = weights[r];
+      }
+    }
+    if (participants(open) == 0) break;  // everyone is full: fewer units this step
+    const std::vector<size_t> extra = largestRemainder(excess, open);
+    excess = 0;
+    for (size_t r = 0; r < n; ++r) {
+      shares[r] += extra[r];
+      const long long cap = capOf(r);
+      if (cap >= 0 && shares[r] > static_cast<size_t>(cap)) {
+        excess += shares[r] - static_cast<size_t>(cap);
+        shares[r] = static_cast<size_t>(cap);
+      }
+    }
   }
   return shares;
 }

@@ -15,11 +15,14 @@ enum class Policy {
   kWeightedRoundRobin,  // micro-batches dealt by static weights (smooth weighted round robin)
   kLeastLoaded,         // each micro-batch to the rank that would finish it first, counting
                         // the work already queued there (reported queue length)
+  kEnergy,              // within a step-time budget (DispatchOptions::energy_budget times the
+                        // fastest plan's), micro-batches to the ranks that spend the fewest
+                        // joules on them (reported power); proportional where none is known
 };
 
 std::string_view name(Policy policy);
-// "proportional", "round_robin" (or "equal"), "weighted_round_robin", "least_loaded";
-// ConfigError listing them otherwise.
+// "proportional", "round_robin" (or "equal"), "weighted_round_robin", "least_loaded",
+// "energy"; ConfigError listing them otherwise.
 Policy parsePolicy(const std::string& text);
 
 // Splits `units` whole units among ranks in proportion to `weights` (a weight of 0 means the
@@ -44,5 +47,19 @@ std::vector<size_t> weightedRoundRobin(size_t units, const std::vector<double>& 
 // rates[r] = 0 takes no part.
 std::vector<size_t> leastLoaded(size_t units, const std::vector<double>& rates,
                                 const std::vector<double>& queued);
+
+// The fewest joules within a time budget: the fastest plan takes units / sum(rates) seconds;
+// each rank may take at most rate x budget x that (whole units), and the units go to the
+// ranks with the lowest joules[r] per unit first, each filled to its room (a fractional
+// knapsack: optimal for this model). joules[r] = 0 (unknown) counts as the median of the
+// known. rates[r] = 0 takes no part. InvalidArgument for budget < 1 or a bad rate or joule.
+std::vector<size_t> energyAware(size_t units, const std::vector<double>& rates,
+                                const std::vector<double>& joules, double budget);
+
+// Holds each rank to at most caps[r] units (caps[r] < 0: no cap): what capped ranks cannot
+// take goes to the others in proportion to `weights` (largest remainders), again as they fill
+// up. Returns fewer units in all only when every rank with a weight is full.
+std::vector<size_t> applyCaps(std::vector<size_t> shares, const std::vector<long long>& caps,
+                              const std::vector<double>& weights);
 
 }  // namespace railshard::dispatch

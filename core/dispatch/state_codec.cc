@@ -89,6 +89,7 @@ void writeOptions(Writer& w, const DispatchOptions& o) {
   w.u64(o.micro_batch);
   w.u64(o.min_micro_batches);
   w.f64s(o.weights);
+  w.f64(o.energy_budget);
   w.f64(o.estimator.half_life_steps);
   w.f64(o.estimator.jump_ratio);
 }
@@ -96,13 +97,14 @@ void writeOptions(Writer& w, const DispatchOptions& o) {
 DispatchOptions readOptions(Reader& r) {
   DispatchOptions o;
   const uint64_t policy = r.u64("policy");
-  if (policy > static_cast<uint64_t>(Policy::kLeastLoaded)) {
+  if (policy > static_cast<uint64_t>(Policy::kEnergy)) {
     throw ProtocolError("dispatcher state: policy " + std::to_string(policy) + " is not one");
   }
   o.policy = static_cast<Policy>(policy);
   o.micro_batch = static_cast<size_t>(r.u64("micro_batch"));
   o.min_micro_batches = static_cast<size_t>(r.u64("min_micro_batches"));
   o.weights = r.f64s("weights");
+  o.energy_budget = r.f64("energy_budget");
   o.estimator.half_life_steps = r.f64("half_life_steps");
   o.estimator.jump_ratio = r.f64("jump_ratio");
   return o;
@@ -147,6 +149,8 @@ struct StateCodecAccess {
       w.f64(s.rate);
       w.u64(static_cast<uint64_t>(s.reports));
       w.f64(s.suspect);
+      w.f64(s.capacity);
+      w.u64(s.straddles ? 1 : 0);
     }
   }
   static void read(Reader& r, ThroughputEstimator& e) {
@@ -155,6 +159,8 @@ struct StateCodecAccess {
       s.rate = r.f64("rate");
       s.reports = static_cast<int>(r.u64("reports"));
       s.suspect = r.f64("suspect");
+      s.capacity = r.f64("capacity");
+      s.straddles = r.u64("straddles") != 0;
     }
   }
   static void write(Writer& w, const Dispatcher& d) {
@@ -166,7 +172,22 @@ struct StateCodecAccess {
     w.u64(d.next_step_);
     w.u64(d.step_open_ ? 1 : 0);
     w.bools(d.alive_);
-    w.f64s(d.queued_);
+    for (const auto* list : {&d.returned_, &d.taken_returned_}) {
+      w.u64(list->size());
+      for (const Range& range : *list) {
+        w.u64(range.begin);
+        w.u64(range.end);
+      }
+    }
+    w.u64(d.load_.size());
+    for (const LoadSignals& l : d.load_) {
+      for (const double v : {l.queued_samples, l.memory_bytes, l.memory_limit_bytes,
+                             l.gpu_utilization, l.gpu_memory_bytes, l.gpu_memory_total_bytes,
+                             l.cpu_quota_cores, l.cpu_throttled, l.power_watts, l.cap_samples}) {
+        w.f64(v);
+      }
+    }
+    w.f64s(d.joules_per_sample_);
     w.f64s(d.static_weights_);
     write(w, d.estimator_);
     writePlan(w, d.plan_);
@@ -186,18 +207,33 @@ struct StateCodecAccess {
     d.next_step_ = r.u64("next_step");
     d.step_open_ = r.u64("step_open") != 0;
     d.alive_ = r.bools("alive");
-    d.queued_ = r.f64s("queued");
+    for (auto* list : {&d.returned_, &d.taken_returned_}) {
+      list->resize(r.count("returned ranges"));
+      for (Range& range : *list) {
+        range.begin = r.u64("range begin");
+        range.end = r.u64("range end");
+      }
+    }
+    d.load_.resize(r.count("load signals"));
+    for (LoadSignals& l : d.load_) {
+      for (double* v : {&l.queued_samples, &l.memory_bytes, &l.memory_limit_bytes,
+                        &l.gpu_utilization, &l.gpu_memory_bytes, &l.gpu_memory_total_bytes,
+                        &l.cpu_quota_cores, &l.cpu_throttled, &l.power_watts, &l.cap_samples}) {
+        *v = r.f64("load signal");
+      }
+    }
+    d.joules_per_sample_ = r.f64s("joules per sample");
     d.static_weights_ = r.f64s("static_weights");
     d.estimator_ = ThroughputEstimator(0, d.options_.estimator);
     read(r, d.estimator_);
     d.plan_ = readPlan(r);
     const size_t n = d.alive_.size();
-    if (n == 0 || d.queued_.size() != n || d.static_weights_.size() != n ||
-        static_cast<size_t>(d.estimator_.ranks()) != n ||
+    if (n == 0 || d.load_.size() != n || d.joules_per_sample_.size() != n ||
+        d.static_weights_.size() != n || static_cast<size_t>(d.estimator_.ranks()) != n ||
         (d.step_open_ && (d.plan_.samples.size() != n || d.plan_.ranges.size() != n)) ||
         d.cursor_ > epoch_size || d.done_ > d.cursor_) {
       throw ProtocolError("dispatcher state: inconsistent sizes (" + std::to_string(n) +
-                          " ranks, " + std::to_string(d.queued_.size()) + " queues, " +
+                          " ranks, " + std::to_string(d.load_.size()) + " loads, " +
                           std::to_string(d.static_weights_.size()) + " weights, " +
                           std::to_string(d.estimator_.ranks()) + " estimates, " +
                           std::to_string(d.plan_.ranges.size()) + " planned; cursor " +

@@ -40,7 +40,12 @@ void ThroughputEstimator::report(int rank, double samples, double seconds) {
                           " s");
   }
   if (samples == 0 || seconds == 0) return;  // nothing was measured
-  const double sample = samples / seconds;
+  if (s.straddles) {
+    // Measured across a change of capacity: neither the old nor the new rate.
+    s.straddles = false;
+    return;
+  }
+  const double sample = samples / seconds / scale(s);
   if (s.reports++ == 0) {
     s.rate = sample;
     return;
@@ -74,14 +79,33 @@ bool ThroughputEstimator::reported(int rank) const {
 }
 
 double ThroughputEstimator::rate(int rank) const {
-  return at(rank).rate;
+  const State& s = at(rank);
+  return s.rate * scale(s);
 }
 
 std::vector<double> ThroughputEstimator::rates() const {
   std::vector<double> result;
   result.reserve(states_.size());
-  for (const auto& s : states_) result.push_back(s.rate);
+  for (const auto& s : states_) result.push_back(s.rate * scale(s));
   return result;
+}
+
+void ThroughputEstimator::setCapacity(int rank, double cores) {
+  State& s = at(rank);
+  if (!std::isfinite(cores) || cores < 0) {
+    throw InvalidArgument("ThroughputEstimator: rank " + std::to_string(rank) +
+                          " has a capacity of " + std::to_string(cores) + " cores");
+  }
+  if (cores == s.capacity) return;
+  if (s.capacity == 0 || cores == 0) {
+    // Known to unknown or back: carry the estimate over as measured under the new value.
+    const double factor = scale(s) / (cores > 0 ? cores : 1);
+    s.rate *= factor;
+    s.suspect *= factor;
+  } else {
+    s.straddles = s.reports > 0;  // the step being reported ran partly under the old quota
+  }
+  s.capacity = cores;
 }
 
 int ThroughputEstimator::addRank() {

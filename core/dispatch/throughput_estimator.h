@@ -21,6 +21,12 @@ class ThroughputEstimator {
   // InvalidArgument for a rank out of range, negative or non-finite values. A report with no
   // samples or no time carries no rate and is ignored.
   void report(int rank, double samples, double seconds);
+  // The CPU the rank may use, in cores (its quota), 0 when unknown. While it is known the
+  // estimate is kept per core and rate() scales it by the latest capacity: a rank whose quota
+  // halves gets half the rate at once, before a slower step has been measured; the one report
+  // after the change, measured partly under the old quota, is left out. InvalidArgument for
+  // a negative or non-finite value.
+  void setCapacity(int rank, double cores);
   // Every rank has reported at least once.
   bool warm() const;
   bool reported(int rank) const;
@@ -38,10 +44,13 @@ class ThroughputEstimator {
   friend struct StateCodecAccess;
 
   struct State {
-    double rate = 0;
+    double rate = 0;  // samples/s, per core while capacity is known
     int reports = 0;
-    double suspect = 0;  // an outlier held back, 0 if none
+    double suspect = 0;      // an outlier held back (same units), 0 if none
+    double capacity = 0;     // cores; 0 = unknown
+    bool straddles = false;  // the next report spans a capacity change: left out
   };
+  static double scale(const State& s) { return s.capacity > 0 ? s.capacity : 1; }
   State& at(int rank);
   const State& at(int rank) const;
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "core/tracing/trace_merge.h"
 #include "launcher/local_job.h"
 #include "launcher/process_group.h"
+#include "launcher/speed_groups.h"
 
 // The build may pass the project version; this fallback must then match project(VERSION).
 #ifndef RAILSHARD_VERSION_STRING
@@ -66,6 +68,12 @@ constexpr const char* kHelp =
     "  --min-ranks N        the job carries on after a failure while at least N ranks\n"
     "                       are left running, a rank being restarted included (implies\n"
     "                       --elastic; without --max-failures, any number of failures)\n"
+    "  --emulate-speeds S0,S1,...\n"
+    "                       real heterogeneity on one machine: rank r runs in a control\n"
+    "                       group of its own with a CPU quota in proportion to Sr (the\n"
+    "                       fastest at most one core, all together at most half the\n"
+    "                       machine's CPUs), so ranks really compute at those speeds (needs\n"
+    "                       root or a delegated cgroup; one speed per rank)\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
@@ -94,6 +102,7 @@ struct Arguments {
   std::optional<int> max_failures;
   std::optional<int> max_restarts;
   std::optional<int> min_ranks;
+  std::vector<double> speeds;  // --emulate-speeds
   bool help = false;
   bool version = false;
 };
@@ -126,6 +135,24 @@ int parseCount(const char* option, const std::string& value) {
   } catch (const railshard::ConfigError& error) {
     throw UsageError{error.what()};
   }
+}
+
+std::vector<double> parseSpeeds(const std::string& value) {
+  std::vector<double> speeds;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, comma - at);
+    char* end = nullptr;
+    const double speed = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !std::isfinite(speed) || speed <= 0) {
+      throw UsageError{"--emulate-speeds expects positive numbers separated by commas, got '" +
+                       value + "'"};
+    }
+    speeds.push_back(speed);
+    at = comma + 1;
+  }
+  return speeds;
 }
 
 uint16_t parsePort(const std::string& value) {
@@ -197,6 +224,8 @@ Arguments parseArguments(int argc, char** argv) {
       args.max_restarts = parseCount("--max-restarts", value());
     } else if (name == "--min-ranks") {
       args.min_ranks = parseCount("--min-ranks", value());
+    } else if (name == "--emulate-speeds") {
+      args.speeds = parseSpeeds(value());
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -215,6 +244,10 @@ Arguments parseArguments(int argc, char** argv) {
   if (!ranks) throw UsageError{"missing -n N (the number of ranks to start)"};
   if (i >= argc) throw UsageError{"no program given"};
   args.job.world_size = *ranks;
+  if (!args.speeds.empty() && args.speeds.size() != static_cast<size_t>(*ranks)) {
+    throw UsageError{"--emulate-speeds gives " + std::to_string(args.speeds.size()) +
+                     " speeds for " + std::to_string(*ranks) + " ranks"};
+  }
   if (args.max_failures) {
     args.job.elastic = true;
     args.job.max_failures = *args.max_failures;
@@ -327,6 +360,22 @@ int main(int argc, char** argv) {
     ::setenv("RAILSHARD_TRACE", args.trace.c_str(), 1);
   }
   try {
+    // Declared before the job runs and destroyed after it: the groups go once the ranks have.
+    std::unique_ptr<railshard::launcher::SpeedGroups> speed_groups;
+    if (!args.speeds.empty()) {
+      const auto cores = railshard::launcher::coresForSpeeds(
+          args.speeds, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
+      speed_groups = std::make_unique<railshard::launcher::SpeedGroups>(cores);
+      std::string line =
+          "--emulate-speeds: ranks 0.." + std::to_string(cores.size() - 1) + " get CPU quotas of";
+      for (size_t r = 0; r < cores.size(); ++r) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%s %.3f", r == 0 ? "" : ",", cores[r]);
+        line += text;
+        args.job.cgroup_procs.push_back(speed_groups->procsFile(r));
+      }
+      printError(line + " cores (" + speed_groups->parentDir() + ")");
+    }
     const int status = railshard::launcher::runLocalJob(args.job);
     if (!args.trace.empty()) mergeTrace(args.trace);
     if (!args.dump_topology.empty() && ::access(args.dump_topology.c_str(), F_OK) != 0) {

@@ -14,8 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "core/dispatch/dispatcher.h"
-#include "core/dispatch/policy.h"
+#include "python/csrc/dispatch_bindings.h"
 #include "python/csrc/elastic_group.h"
 #include "python/csrc/named_group.h"
 #include "python/csrc/process_group.h"
@@ -33,55 +32,6 @@ c10::intrusive_ptr<BackendBase> createBackend(const c10::intrusive_ptr<c10d::Sto
   py::gil_scoped_release release;
   return c10::make_intrusive<ProcessGroupRailshard>(
       store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
-}
-
-using RangeLists = std::vector<std::vector<std::pair<uint64_t, uint64_t>>>;
-
-RangeLists rangesOf(const dispatch::StepPlan& plan) {
-  RangeLists out(plan.ranges.size());
-  for (size_t r = 0; r < plan.ranges.size(); ++r) {
-    for (const auto& range : plan.ranges[r]) out[r].emplace_back(range.begin, range.end);
-  }
-  return out;
-}
-
-void bindDispatcher(py::module_& m) {
-  using dispatch::Dispatcher;
-  py::class_<Dispatcher>(m, "Dispatcher",
-                         "railshard's batch dispatcher (core/dispatch/dispatcher.h): shares each "
-                         "global batch among ranks. Pure logic: every rank keeps its own copy, "
-                         "feeds it the same reports and gets the same plans.")
-      .def(py::init([](int world_size, uint64_t epoch_size, const std::string& policy,
-                       size_t micro_batch, size_t min_micro_batches) {
-             dispatch::DispatchOptions options;
-             options.policy = dispatch::parsePolicy(policy);
-             options.micro_batch = micro_batch;
-             options.min_micro_batches = min_micro_batches;
-             return std::make_unique<Dispatcher>(world_size, epoch_size, options);
-           }),
-           py::arg("world_size"), py::arg("epoch_size"), py::arg("policy") = "proportional",
-           py::arg("micro_batch") = 1, py::arg("min_micro_batches") = 0)
-      .def(
-          "plan", [](Dispatcher& d, size_t global_batch) { return rangesOf(d.plan(global_batch)); },
-          py::arg("global_batch"),
-          "Plans the next step; per rank, the [begin, end) ranges of epoch positions it processes.")
-      .def("samples", [](const Dispatcher& d) { return d.current().samples; })
-      .def("complete_step", &Dispatcher::completeStep)
-      .def("report", &Dispatcher::report, py::arg("rank"), py::arg("samples"), py::arg("seconds"))
-      .def(
-          "mark_failed", [](Dispatcher& d, int rank) { return rangesOf(d.markFailed(rank)); },
-          py::arg("rank"))
-      .def("new_epoch", &Dispatcher::newEpoch)
-      .def("epoch_done", &Dispatcher::epochDone)
-      .def("step_open", &Dispatcher::stepOpen)
-      .def("completed_steps", &Dispatcher::completedSteps)
-      .def("epoch_size", &Dispatcher::epochSize)
-      .def("world_size", &Dispatcher::worldSize)
-      .def("alive", &Dispatcher::alive, py::arg("rank"))
-      .def(
-          "rates", [](const Dispatcher& d) { return d.estimator().rates(); },
-          "Estimated samples per second per rank.")
-      .def("fingerprint", [](const Dispatcher& d) { return d.stateFingerprint(); });
 }
 
 py::dict changeDict(const ElasticGroup::Change& c) {

@@ -24,6 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from .signals import RankSignals
+
+
+def d_names() -> List[str]:
+    from . import _C
+
+    return list(_C.LOAD_SIGNALS)
+
 # A loop that yields this many steps without a report() is not reporting: local_samples and
 # the gradient weights follow report() calls, so they would be stale. No DataLoader
 # prefetches this deep (prefetch_factor * num_workers, 2 * workers by default).
@@ -44,12 +52,15 @@ def epoch_order(size: int, shuffle: bool, seed: int, epoch: int) -> List[int]:
 class _Step:
     """One planned step as every rank sees it."""
 
-    __slots__ = ("number", "samples", "padded")
+    __slots__ = ("number", "samples", "padded", "ranges", "failed")
 
-    def __init__(self, number: int, samples: List[int], padded: bool) -> None:
+    def __init__(self, number: int, samples: List[int], padded: bool,
+                 ranges: List[Tuple[int, int]]) -> None:
         self.number = number  # plans made before this one, all epochs
         self.samples = samples  # per rank; 0 for a rank that only got padding
         self.padded = padded  # this rank's batch is one padding sample of weight 0
+        self.ranges = ranges  # every rank's epoch positions (given back if the step fails)
+        self.failed = False  # this rank ran out of memory in it (out_of_memory())
 
 
 def _railshard_error(name: str) -> type:
@@ -113,6 +124,7 @@ class ThroughputSampler(Sampler[List[int]]):
         micro_batch: int = 1,
         min_micro_batches: int = 1,
         policy: str = "proportional",
+        energy_budget: float = 1.05,
     ) -> None:
         # Sampler.__init__ only stores (or warns about) a data_source; nothing to inherit.
         size = dataset if isinstance(dataset, int) else len(dataset)
@@ -156,19 +168,25 @@ class ThroughputSampler(Sampler[List[int]]):
         from . import _C  # the C++ extension (built by CMake)
 
         self.dispatcher = (
-            _C.Dispatcher(num_replicas, self._epoch_size, policy, micro_batch, min_micro_batches)
+            _C.Dispatcher(num_replicas, self._epoch_size, policy, micro_batch, min_micro_batches,
+                          energy_budget)
             if self._epoch_size > 0
             else None
         )
         self._planned = 0  # plans made, all epochs: the step number of the next plan
         self._issued: Deque[_Step] = collections.deque()  # yielded, not yet reported
         self._last: Optional[_Step] = None  # the step planned most recently
-        # Gathered reports waiting for the plan they belong before: (plan number,
-        # samples per rank, seconds per rank). See report().
-        self._pending: Deque[Tuple[int, List[int], List[float]]] = collections.deque()
+        # Gathered reports waiting for the plan they belong before: (plan number, samples per
+        # rank, seconds per rank, each rank's signals row, the ranges to give back when the
+        # step failed or None). See report().
+        self._pending: Deque[Tuple[int, List[int], List[float], List[List[float]],
+                                   Optional[List[Tuple[int, int]]]]] = collections.deque()
         self._warned = False
         self._grads_ready_at: Optional[float] = None  # set by weighted_allreduce_hook
         self._reported_seconds: List[float] = []
+        self._signals = None  # signals.RankSignals, made at the first report
+        self._previous_order: List[int] = []  # the last iteration's (for steps given back)
+        self._give_back: List[List[Tuple[int, int]]] = []  # failed steps' ranges, applied
 
     # -- DistributedSampler's interface --------------------------------------------------
 
@@ -191,36 +209,51 @@ class ThroughputSampler(Sampler[List[int]]):
         d = self.dispatcher
         if d.step_open():
             d.complete_step()
+        # The loop reported every step of the last iteration: a step that failed at its end
+        # (out of memory) gave its samples back, which belong to that epoch's order.
+        self._apply_due()
+        while d.has_returned():
+            yield self._plan(self._previous_order)
+            d.complete_step()
+            self._apply_due()
         d.new_epoch()
-        for _ in range(self._steps):
+        self._previous_order = order
+        while True:
             # The previous step was handed out; completing it only moves the dispatcher's
             # books (it need not wait for a report: a loop that never reports still runs).
             if d.step_open():
                 d.complete_step()
             self._apply_due()
-            ranges = d.plan(self.global_batch_size)
-            samples = [int(n) for n in d.samples()]
-            mine = [i for begin, end in ranges[self.rank] for i in order[begin:end]]
-            padded = not mine
-            if padded:
-                # This rank got no samples (batch < ranks * micro_batch, or the epoch's
-                # tail). DDP needs every rank in every backward, so it runs one sample —
-                # the step's first — that local_samples == 0 gives weight 0.
-                first = min(begin for rank_ranges in ranges for begin, _ in rank_ranges)
-                mine = [order[first]]
-            step = _Step(self._planned, samples, padded)
-            self._planned += 1
-            self._last = step
-            self._issued.append(step)
-            if len(self._issued) > _UNREPORTED_WARNING and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"ThroughputSampler: {len(self._issued)} steps yielded without report(); "
-                    "call sampler.report(seconds) (or report() without a measurement) once "
-                    "per step — local_samples and the gradient weights follow it",
-                    stacklevel=2,
-                )
-            yield mine
+            if d.assigned_all():
+                return
+            yield self._plan(order)
+
+    def _plan(self, order: List[int]) -> List[int]:
+        d = self.dispatcher
+        ranges = d.plan(self.global_batch_size)
+        samples = [int(n) for n in d.samples()]
+        mine = [i for begin, end in ranges[self.rank] for i in order[begin:end]]
+        padded = not mine
+        if padded:
+            # This rank got no samples (batch < ranks * micro_batch, or the epoch's tail). DDP
+            # needs every rank in every backward, so it runs one sample -- the step's first --
+            # that local_samples == 0 gives weight 0.
+            first = min(begin for rank_ranges in ranges for begin, _ in rank_ranges)
+            mine = [order[first]]
+        step = _Step(self._planned, samples, padded,
+                     [tuple(r) for rank_ranges in ranges for r in rank_ranges])
+        self._planned += 1
+        self._last = step
+        self._issued.append(step)
+        if len(self._issued) > _UNREPORTED_WARNING and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"ThroughputSampler: {len(self._issued)} steps yielded without report(); "
+                "call sampler.report(seconds) (or report() without a measurement) once "
+                "per step — local_samples and the gradient weights follow it",
+                stacklevel=3,
+            )
+        return mine
 
     # -- the current step ---------------------------------------------------------------
 
@@ -245,9 +278,10 @@ class ThroughputSampler(Sampler[List[int]]):
 
     @property
     def local_samples(self) -> int:
-        """This rank's samples in the current step (0 when its batch is padding)."""
+        """This rank's samples in the current step (0 when its batch is padding, or after
+        ``out_of_memory()``: its gradient then weighs nothing)."""
         current = self._current()
-        return 0 if current is None else current.samples[self.rank]
+        return 0 if current is None or current.failed else current.samples[self.rank]
 
     @property
     def global_samples(self) -> int:
@@ -274,14 +308,37 @@ class ThroughputSampler(Sampler[List[int]]):
 
     # -- measurement --------------------------------------------------------------------
 
-    def report(self, seconds: Optional[float] = None) -> None:
-        """Ends the current step: its compute time on this rank, or None if not measured.
+    def out_of_memory(self) -> None:
+        """This rank's current step ran out of memory (``railshard.is_out_of_memory(e)``).
+
+        Call it where the error was caught, then run a backward on one sample (``x[:1]``) so
+        that the step's gradient all-reduce completes on every rank: its weight is 0 from
+        here. ``report()`` of this step then returns False on every rank -- skip the
+        optimizer step -- and the step's samples are planned again, with this rank's share
+        capped below the one that failed (docs/pytorch.md, "Memory")."""
+        current = self._current()
+        if current is None or not self._issued:
+            raise RuntimeError("ThroughputSampler.out_of_memory: no step is open")
+        self._rank_signals().out_of_memory(current.samples[self.rank])
+        current.failed = True
+        if self._device().type == "cuda":
+            torch.cuda.empty_cache()
+
+    def report(self, seconds: Optional[float] = None, *,
+               queued_samples: Optional[float] = None) -> bool:
+        """Ends the current step: its compute time on this rank, or None if not measured;
+        `queued_samples`: work waiting at this rank before it can start the next step (for
+        ``least_loaded``: e.g. the time it waited for its DataLoader times its samples/s).
+        Returns whether the step stands: False on every rank when a rank ran out of memory
+        in it (``out_of_memory()``) -- then skip the optimizer step; its samples come again.
 
         Collective over ``group``: every rank calls it once per step, in step order. Pass
         the time this rank computed (forward and backward), not the time it waited for the
         others — under DDP, ``backward()`` returns only after the gradient all-reduce, so
         timing around it measures the slowest rank; use ``grads_ready_at`` (set by the
-        hook) as the end instead.
+        hook) as the end instead. It also reads this rank's load signals (memory, CPU
+        quota, GPU, power: railshard._C.LoadMonitor) and its memory cap, which every rank's
+        plans then follow.
         """
         if not self._issued:
             raise RuntimeError("ThroughputSampler.report: no step to report (iterate first)")
@@ -293,9 +350,11 @@ class ThroughputSampler(Sampler[List[int]]):
         invalid = seconds is not None and not (math.isfinite(value) and value >= 0)
         if invalid:
             value = math.nan  # join the collective anyway; raise after it (no hang)
+        signal_row = self._rank_signals().row(0 if step.failed else step.samples[self.rank],
+                                              queued_samples)
 
-        # Every rank sends (seconds, plans made, step reported).
-        mine = [value, float(self._planned), float(step.number)]
+        # Every rank sends (seconds, plans made, step reported, failed, signals...).
+        mine = [value, float(self._planned), float(step.number), float(step.failed)] + signal_row
         if self.num_replicas == 1:
             rows = [mine]
         else:
@@ -312,13 +371,15 @@ class ThroughputSampler(Sampler[List[int]]):
                 + ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
                 + " (call report() exactly once per step on every rank)"
             )
+        failed = any(row[3] != 0 for row in rows)
         # Ranks may have planned different numbers of steps (one DataLoader prefetches more
         # than another, or has not asked yet). Every rank applies this report just before
         # the same plan — the next plan of the rank that is furthest ahead — so all
         # dispatchers see the same calls in the same order and stay identical.
         apply_at = max(int(row[1]) for row in rows)
         self._reported_seconds = [row[0] for row in rows]
-        self._pending.append((apply_at, step.samples, self._reported_seconds))
+        self._pending.append((apply_at, step.samples, self._reported_seconds,
+                              [row[4:] for row in rows], step.ranges if failed else None))
         self._apply_due()
         if (
             self.dispatcher is not None
@@ -326,17 +387,31 @@ class ThroughputSampler(Sampler[List[int]]):
             and step.number == self._planned - 1
         ):
             self.dispatcher.complete_step()  # the loop has caught up with the plans
+            self._apply_due()  # a failed step's samples go back now
         if invalid:
             raise ValueError(f"ThroughputSampler.report: seconds={seconds!r} (need a number >= 0)")
+        return not failed
 
     def _apply_due(self) -> None:
+        d = self.dispatcher
         while self._pending and self._pending[0][0] <= self._planned:
-            _, samples, seconds = self._pending.popleft()
-            if self.dispatcher is None:
+            if self._give_back and d is not None and d.step_open():
+                return  # steps given back go in between two plans, in order
+            _, samples, seconds, signal_rows, give_back = self._pending.popleft()
+            if d is None:
                 continue
-            for r, (n, s) in enumerate(zip(samples, seconds)):
-                if math.isfinite(s):  # NaN: that rank measured nothing
-                    self.dispatcher.report(r, float(n), s)
+            names = d_names()
+            for r, row in enumerate(signal_rows):
+                d.set_load(r, dict(zip(names, row[1:])))
+                if give_back is None and math.isfinite(seconds[r]):  # NaN: measured nothing
+                    d.report(r, float(samples[r]), seconds[r], row[0])
+            if give_back is not None:
+                self._give_back.append(give_back)
+            if dist.is_available() and dist.is_initialized():
+                d.export_metrics(self.rank, dist.get_rank())
+        if d is not None and not d.step_open():
+            while self._give_back:
+                d.requeue(self._give_back.pop(0))
 
     def _order(self) -> List[int]:
         return epoch_order(self.dataset_len, self.shuffle, self.seed, self.epoch)[
@@ -345,9 +420,17 @@ class ThroughputSampler(Sampler[List[int]]):
 
     def _device(self) -> torch.device:
         # NCCL gathers only CUDA tensors; every other backend (railshard, gloo, mpi) takes CPU.
-        if str(dist.get_backend(self.group)) == "nccl":
+        if dist.is_initialized() and str(dist.get_backend(self.group)) == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+    def _rank_signals(self) -> RankSignals:
+        # The memory that limits a step is the GPU's once this process uses one.
+        if self._signals is None:
+            on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+            self._signals = RankSignals(
+                torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"))
+        return self._signals
 
     def __repr__(self) -> str:
         return (
