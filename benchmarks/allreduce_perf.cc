@@ -30,13 +30,13 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "benchmarks/perf_backend.h"
 #include "benchmarks/perf_data.h"
 #include "benchmarks/perf_json.h"
 #include "benchmarks/perf_options.h"
 #include "benchmarks/perf_progress.h"
 #include "benchmarks/perf_results.h"
-#include "base/error.h"
 #include "kernels/cuda/device_runtime.h"
 
 #ifndef RAILSHARD_VERSION_STRING

@@ -19,8 +19,9 @@
 //
 // --work sleep (default) models a GPU server: its CPU waits while the device computes, so a
 // rank's speed is its own whatever the other ranks do. --work cpu burns calibrated
-// floating-point work instead; with more ranks than cores they share cores and the speeds
-// measured are no longer the ones asked for (see docs/dispatch.md).
+// floating-point work instead, the same number of operations per sample on every rank (the
+// fastest core's calibration): with more ranks than cores they share cores, and under
+// railshard-launch --emulate-speeds each rank's CPU quota sets its real speed.
 #include <signal.h>
 #include <time.h>
 
@@ -45,6 +46,7 @@
 #include "benchmarks/dispatch_ledger.h"
 #include "benchmarks/dispatch_options.h"
 #include "benchmarks/dispatch_records.h"
+#include "benchmarks/dispatch_work.h"
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
 #include "core/dispatch/policy.h"
@@ -57,105 +59,6 @@
 
 namespace railshard::bench {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
-
-// --- work ----------------------------------------------------------------------------------
-
-// Multiply-adds on eight independent accumulators: real floating-point work that touches no
-// memory (so ranks do not disturb each other through caches) and that the compiler cannot fold
-// away (the result goes to a volatile sink).
-volatile double g_sink = 0;
-
-// Not inlined: calibration and work must run the very same machine code (inlined into both
-// callers, GCC's two copies ran at 330K and 480K iterations/ms).
-[[gnu::noinline]] void spin(uint64_t iterations) {
-  double a[8] = {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7};
-  for (uint64_t i = 0; i < iterations; ++i) {
-    for (double& x : a) x = x * 0.999999 + 1e-6;
-  }
-  double sum = 0;
-  for (double x : a) sum += x;
-  g_sink = sum;
-}
-
-double secondsOf(SteadyClock::time_point start) {
-  return std::chrono::duration<double>(SteadyClock::now() - start).count();
-}
-
-timespec monotonicNow() {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  return now;
-}
-
-timespec plusMs(timespec t, double ms) {
-  const auto ns = static_cast<int64_t>(ms * 1e6);
-  t.tv_sec += static_cast<time_t>(ns / 1000000000);
-  t.tv_nsec += static_cast<long>(ns % 1000000000);
-  if (t.tv_nsec >= 1000000000) {
-    t.tv_nsec -= 1000000000;
-    ++t.tv_sec;
-  }
-  return t;
-}
-
-// An absolute deadline on the monotonic clock: an interrupted sleep resumes to the same end.
-void sleepUntil(const timespec& deadline) {
-  while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) != 0) {
-  }
-}
-
-// Iterations of spin() per millisecond on this rank, alone on a core. The ranks take turns in
-// time slots and sleep outside their own, because ranks waiting in a collective spin and would
-// share the core with the one being measured. Median of seven ~5 ms runs after a sizing run.
-double calibrate(Communicator& comm) {
-  constexpr double kSlotMs = 60;  // a calibration takes about 36 ms
-  comm.barrier();
-  const timespec base = monotonicNow();
-  sleepUntil(plusMs(base, kSlotMs * comm.rank()));
-  auto start = SteadyClock::now();
-  spin(200000);
-  double per_ms = 200000 / std::max(secondsOf(start) * 1e3, 1e-3);
-  std::vector<double> runs;
-  for (int i = 0; i < 7; ++i) {
-    const auto n = static_cast<uint64_t>(per_ms * 5);
-    start = SteadyClock::now();
-    spin(n);
-    runs.push_back(static_cast<double>(n) / std::max(secondsOf(start) * 1e3, 1e-6));
-  }
-  std::sort(runs.begin(), runs.end());
-  per_ms = runs[runs.size() / 2];
-  sleepUntil(plusMs(base, kSlotMs * comm.size()));
-  comm.barrier();
-  return per_ms;
-}
-
-// This rank's compute for `ms` milliseconds of work.
-void work(double ms, bool cpu, double iterations_per_ms) {
-  if (ms <= 0) return;
-  if (cpu) {
-    spin(static_cast<uint64_t>(ms * iterations_per_ms));
-  } else {
-    sleepUntil(plusMs(monotonicNow(), ms));
-  }
-}
-
-// --quota-change: this rank's own CPU quota (its cgroup) times `factor`: the machine makes it
-// slower or faster, and only its load signals can tell the dispatcher before its rate does.
-void changeOwnQuota(double factor, int slot, int step) {
-  const auto group = launcher::cgroup::locate("cpu");
-  const double cores = launcher::cgroup::cpuQuotaCores(group);
-  if (cores <= 0) {
-    throw ConfigError("--quota-change: slot " + std::to_string(slot) +
-                      " has no CPU quota to change (run it under railshard-launch "
-                      "--emulate-speeds)");
-  }
-  launcher::cgroup::setCpuQuota(group, cores * factor, launcher::SpeedGroups::kPeriodUs);
-  std::printf("# slot %d: CPU quota %.3f -> %.3f cores in step %d\n", slot, cores, cores * factor,
-              step);
-  std::fflush(stdout);
-}
 
 std::vector<double> speedsAt(const BenchOptions& options, int step) {
   std::vector<double> speeds = options.speeds;
@@ -191,7 +94,8 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
                     Membership& m) {
   const std::string& label = options.policies[policy_index];
   const auto world = options.speeds.size();  // launcher slots
-  dispatch::DispatchOptions dispatch_options;
+  dispatch::DispatchOptions dispatch_options =
+      dispatch::DispatchOptions::fromConfig(comm->config());
   dispatch_options.policy = dispatch::parsePolicy(label);
   dispatch_options.micro_batch = options.micro;
   // A joiner was handed its dispatcher; the others make one. Dispatcher ranks map to launch
@@ -219,7 +123,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
     comm->barrier();
   }
   int live_printed = comm->size();
-  constexpr size_t kStats = 5;  // compute, gather, plan, all-reduce, step (s)
+  constexpr size_t kStats = 6;  // compute, gather, plan, all-reduce, step (s), energy (J)
   const int max_failures = static_cast<int>(world) - 1;
   while (dispatcher.committedSteps() < static_cast<uint64_t>(options.steps)) {
     if (options.grow && !entering && !dispatcher.state().redoPending() &&
@@ -320,7 +224,8 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       if (dies && kill->point == Kill::Point::kCommit) die();
 
       // Outside the timed region: every rank's numbers to every rank, for the records.
-      const double mine[kStats] = {compute, gather, plan, allreduce, step_seconds};
+      const double mine[kStats] = {compute,   gather,       plan,
+                                   allreduce, step_seconds, load.energy_joules};
       const auto n = static_cast<size_t>(comm->size());
       std::vector<double> all(n * kStats);
       comm->allgather(mine, all.data(), kStats, DataType::kFloat64);
@@ -345,6 +250,7 @@ PolicyRun runPolicy(std::unique_ptr<Communicator>& comm, const BenchOptions& opt
       for (size_t r = 0; r < n; ++r) {
         const double* stats = &all[r * kStats];
         record.compute_ms[static_cast<size_t>(m.slot(launch[r]))] = stats[0] * 1e3;
+        record.joules += stats[5];
         record.gather_us = r == 0 ? stats[1] * 1e6 : std::min(record.gather_us, stats[1] * 1e6);
         record.plan_us = std::max(record.plan_us, stats[2] * 1e6);
         record.overhead_max_us = std::max(record.overhead_max_us, (stats[1] + stats[2]) * 1e6);
@@ -485,11 +391,15 @@ int run(int argc, char** argv) {
     if (!json_file) throw Error("--json: cannot write '" + options.json + "'");
   }
   // Calibration is collective: a joiner takes the first member's (one host, one kind of core).
-  const double iterations_per_ms =
+  double iterations_per_ms =
       m.joiner ? m.state.iterations_per_ms : (options.cpu_work ? calibrate(*comm) : 0);
   std::vector<double> all_iterations_per_ms(static_cast<size_t>(world));
   if (!m.joiner) {
     comm->allgather(&iterations_per_ms, all_iterations_per_ms.data(), 1, DataType::kFloat64);
+    // A sample is the same work everywhere: the fastest core's calibration. Ranks the
+    // machine makes slower (railshard-launch --emulate-speeds, a busy core) take longer.
+    iterations_per_ms =
+        *std::max_element(all_iterations_per_ms.begin(), all_iterations_per_ms.end());
   }
   // Every rank's gradient holds the mean 1.0; the sample-weighted mean keeps it 1.0, which is
   // checked at the end.
@@ -525,7 +435,10 @@ int run(int argc, char** argv) {
 
   // This rank's load signals each step (memory, CPU quota and throttling, power); the queue
   // is --stall's.
-  launcher::LoadMonitor monitor(launcher::LoadMonitor::fromConfig(comm->config(), -1));
+  launcher::LoadMonitor::Options monitoring = launcher::LoadMonitor::fromConfig(comm->config(), -1);
+  if (!options.watts.empty())
+    monitoring.emulated_watts = options.watts[static_cast<size_t>(m.my_slot)];
+  launcher::LoadMonitor monitor(monitoring);
   std::vector<StepRecord> records;
   std::vector<Summary> summaries;
   std::vector<PolicyRun> runs;

@@ -54,7 +54,7 @@ double parsePositive(const std::string& option, const std::string& value) {
 bool isOption(const std::string& key) {
   for (const char* option : {"--policies", "--steps", "--warmup", "--batch", "--micro", "--unit-ms",
                              "--speeds", "--slowdown", "--kill", "--grad-count", "--work", "--json",
-                             "--epoch", "--stall", "--quota-change"}) {
+                             "--epoch", "--stall", "--quota-change", "--watts"}) {
     if (key == option) return true;
   }
   return false;
@@ -81,6 +81,8 @@ std::string usage() {
          "                       queued work (least_loaded plans with it; proportional does not)\n"
          "  --quota-change R:S:F in step S of each policy rank R multiplies its CPU quota (its\n"
          "                       cgroup: railshard-launch --emulate-speeds) by F\n"
+         "  --watts a,b,...      emulated power per rank (watts per busy core, as\n"
+         "                       RAILSHARD_POWER_WATTS): the energy policy's joules per sample\n"
          "  --kill R:S[:POINT]   launch rank R kills itself (SIGKILL) in step S of the first\n"
          "                       policy; the others shrink the communicator, recover the\n"
          "                       dispatcher and finish the run (needs railshard-launch\n"
@@ -158,6 +160,9 @@ BenchOptions parseOptions(int argc, char** argv) {
       slowdown.factor = parsePositive(key + " factor", parts[1]);
       slowdown.step = static_cast<int>(parseInteger(key + " step", parts[2], 0, 1 << 24));
       options.slowdown = slowdown;
+    } else if (key == "--watts") {
+      options.watts.clear();
+      for (const auto& part : split(value, ',')) options.watts.push_back(parsePositive(key, part));
     } else if (key == "--stall") {
       const auto parts = split(value, ':');
       if (parts.size() != 4) {
@@ -250,6 +255,10 @@ void checkAgainstWorld(BenchOptions& options, int world) {
                      " does not exist (world size " + std::to_string(world) + ")");
   }
   if (options.kill && world < 2) throw UsageError("--kill: needs at least 2 ranks");
+  if (!options.watts.empty() && options.watts.size() != static_cast<size_t>(world)) {
+    throw UsageError("--watts: " + std::to_string(options.watts.size()) + " values given for " +
+                     std::to_string(world) + " ranks (one per rank)");
+  }
   if (options.stall && options.stall->rank >= world) {
     throw UsageError("--stall: rank " + std::to_string(options.stall->rank) + " does not exist (" +
                      std::to_string(world) + " ranks)");

@@ -66,6 +66,9 @@ struct BenchOptions {
   std::optional<Kill> kill;  // needs railshard-launch --elastic
   std::optional<Stall> stall;
   std::optional<QuotaChange> quota_change;
+  // --watts a,b,...: an emulated power source per rank (RAILSHARD_POWER_WATTS, per slot): the
+  // watts it draws per busy core, for the energy policy where the machine reports none.
+  std::vector<double> watts;
   bool grow = false;  // admit joiners at step boundaries (Communicator::grow())
   // 256K floats (1 MiB, ~1 ms here): the issue asked for 1M, but on this 2-core machine 1M
   // floats take ~5 ms to all-reduce across 3 ranks, ~10% of a 50 ms step on their own; that is

@@ -32,6 +32,7 @@ struct StepRecord {
   double overhead_max_us = 0;  // nextStep() on the rank that spent longest in it, waiting included
   int live_ranks = 0;
   bool redo = false;  // the step was redone after a failure (this is the redo's timing)
+  double joules = 0;  // drawn by every rank over the step (0: no power source)
   double ratio() const { return step_ms / ideal_ms; }
   double ratioWithAllreduce() const { return step_ms / (ideal_ms + allreduce_ms); }
 };
@@ -46,6 +47,7 @@ struct Summary {
   double median_overhead_us = 0;
   double median_overhead_max_us = 0;
   std::optional<int> recovery_steps;  // with --slowdown; empty when it never recovered
+  double samples_per_joule = 0;       // over the steps after the warm-up; 0: no power source
   // With a failure: the first one's step, the first step the survivors ran (redone or
   // planned afresh), medians before and after it, and when steps came back within
   // kRecoveryRatio of the survivors' ideal (steps after the survivors' first; empty: never).

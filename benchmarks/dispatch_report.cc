@@ -21,8 +21,12 @@ Summary summarise(const BenchOptions& options, const std::string& policy, const 
   s.policy = policy;
   std::vector<double> ratio, ratio_ar, step_ms, ideal_ms, allreduce_ms, overhead_us,
       overhead_max_us;
+  double samples = 0;
+  double joules = 0;
   for (const auto& r : records) {
     if (r.step < options.warmup) continue;
+    for (const size_t n : r.shares) samples += static_cast<double>(n);
+    joules += r.joules;
     ratio.push_back(r.ratio());
     ratio_ar.push_back(r.ratioWithAllreduce());
     step_ms.push_back(r.step_ms);
@@ -38,6 +42,7 @@ Summary summarise(const BenchOptions& options, const std::string& policy, const 
   s.median_allreduce_ms = median(allreduce_ms);
   s.median_overhead_us = median(overhead_us);
   s.median_overhead_max_us = median(overhead_max_us);
+  s.samples_per_joule = joules > 0 ? samples / joules : 0;
   if (options.slowdown) {
     // Steps after the slowdown until the first one within kRecoveryRatio of the new ideal
     // (0: the step the rank slowed down was already within it).
@@ -100,6 +105,7 @@ void printSummary(const BenchOptions& options, const Summary& s) {
       s.median_step_ms, s.median_ideal_ms, s.median_allreduce_ms, s.median_overhead_us,
       s.median_overhead_us / 1e3 / s.median_step_ms * 100, s.median_overhead_max_us,
       s.median_overhead_max_us / 1e3 / s.median_step_ms * 100);
+  if (s.samples_per_joule > 0) std::printf("; %.2f samples per joule", s.samples_per_joule);
   if (options.slowdown) {
     if (s.recovery_steps) {
       std::printf("; within %.2fx of the new ideal %d steps after the slowdown", kRecoveryRatio,

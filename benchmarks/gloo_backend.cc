@@ -33,9 +33,9 @@
 #include <thread>
 #include <utility>
 
+#include "base/error.h"
 #include "benchmarks/gloo_store.h"
 #include "benchmarks/perf_backend.h"
-#include "base/error.h"
 #include "kernels/reduce.h"
 #include "launcher/init.h"
 

@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "benchmarks/perf_backend.h"
 #include "base/error.h"
+#include "benchmarks/perf_backend.h"
 #include "kernels/reduce.h"
 
 // C bindings only: the C++ ones are deprecated and would need libmpi_cxx.

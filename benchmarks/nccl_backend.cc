@@ -19,8 +19,8 @@
 #include <string>
 #include <thread>
 
-#include "benchmarks/perf_backend.h"
 #include "base/error.h"
+#include "benchmarks/perf_backend.h"
 #include "core/collectives/nccl_api.h"
 #include "kernels/cuda/device_runtime.h"
 #include "launcher/init.h"

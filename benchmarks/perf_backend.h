@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "benchmarks/perf_options.h"
 #include "base/types.h"
+#include "benchmarks/perf_options.h"
 #include "core/tracing/link_limit.h"
 
 namespace railshard::bench {

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "benchmarks/cli_args.h"
 #include "base/error.h"
+#include "benchmarks/cli_args.h"
 
 namespace railshard::bench {
 

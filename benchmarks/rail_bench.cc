@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "benchmarks/cli_args.h"
 #include "benchmarks/perf_options.h"
-#include "base/error.h"
 #include "core/communicator.h"
 #include "launcher/init.h"
 #include "transport/transport.h"

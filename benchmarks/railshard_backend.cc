@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/perf_backend.h"
 #include "base/error.h"
+#include "benchmarks/perf_backend.h"
 #include "core/collectives/host_layout.h"
 #include "core/communicator.h"
 #include "core/topology/topology.h"

@@ -69,6 +69,12 @@ def parse_args():
                    help="railshard.ElasticGroup + ElasticDataParallel: survive a lost rank "
                         "and admit a restarted one (railshard-launch --max-restarts K), with a "
                         "ledger of every sample processed")
+    p.add_argument("--compare", default="", metavar="P,Q",
+                   help="train under each policy in turn (same model, same batches) and "
+                        "compare step times and eval loss (examples/compare_policies.py); "
+                        "run it under railshard-launch --emulate-speeds")
+    p.add_argument("--plot", default="", metavar="FILE.png",
+                   help="--compare: draw shares and step times over the steps")
     p.add_argument("--save", default="", metavar="FILE",
                    help="--elastic: rank 0 saves the final parameters and the steps' sample "
                         "order to FILE (torch.save), for a reference to check")
@@ -122,6 +128,10 @@ def main():
     torch.set_num_threads(1)  # several ranks share this host's cores
     if args.elastic:
         return main_elastic(args, kill, started_us)
+    if args.compare:
+        import compare_policies  # beside this script
+
+        return compare_policies.run(args, SyntheticTask(args.samples), make_model)
     # dist.init_process_group after filling RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from
     # the launcher's variables where missing (mpirun, srun); railshard-launch and torchrun
     # export torch's own.

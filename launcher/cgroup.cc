@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/logging.h"
 
 namespace railshard::launcher::cgroup {
 
@@ -195,6 +196,16 @@ void setCpuQuota(const Location& location, double cores, int period_us) {
   writeFile(location.dir + "/cpu.cfs_quota_us", "-1");
   writeFile(location.dir + "/cpu.cfs_period_us", std::to_string(period_us));
   writeFile(location.dir + "/cpu.cfs_quota_us", std::to_string(quota));
+}
+
+void fitWaitsToQuota(Config& config, bool spin_set) {
+  if (spin_set || config.spin.count() == 0) return;
+  const double cores = cpuQuotaCores(locate("cpu"));
+  if (cores > 0 && cores < 1) {
+    RS_LOG_DEBUG("CPU quota of {:.3f} cores: waits sleep at once instead of spinning for {} us",
+                 cores, config.spin.count());
+    config.spin = std::chrono::microseconds(0);
+  }
 }
 
 }  // namespace railshard::launcher::cgroup

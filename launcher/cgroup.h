@@ -5,6 +5,8 @@
 // cgroup v1 (a hierarchy per controller, /sys/fs/cgroup/cpu) or v2 (the unified hierarchy).
 #include <string>
 
+#include "base/config.h"
+
 namespace railshard::launcher::cgroup {
 
 // Where controller `controller` ("cpu", "memory") holds this process: the group's directory,
@@ -31,5 +33,10 @@ double memoryLimitBytes(const Location& location);
 // Sets the CPU quota of the group at `dir` to `cores` (> 0) with `period_us`: v1
 // cpu.cfs_period_us + cpu.cfs_quota_us, v2 cpu.max. ConfigError naming the file and errno.
 void setCpuQuota(const Location& location, double cores, int period_us);
+
+// A rank whose CPU quota is below one core does not spin while it waits (unless
+// RAILSHARD_SPIN_US says so: `spin_set`): spinning spends the quota it needs to compute, and a
+// rank that used up its quota waiting sits out the rest of the period when its data arrives.
+void fitWaitsToQuota(Config& config, bool spin_set);
 
 }  // namespace railshard::launcher::cgroup

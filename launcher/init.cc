@@ -3,6 +3,7 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "base/memory_store.h"
+#include "launcher/cgroup.h"
 #include "launcher/cluster_growth.h"
 #include "launcher/cluster_topology.h"
 #include "launcher/environment.h"
@@ -20,6 +21,7 @@ namespace launcher {
 Bootstrap bootstrapStore() {
   const auto env = processEnvironment();
   Config config = Config::fromEnvironment(&env);
+  cgroup::fitWaitsToQuota(config, env.count("RAILSHARD_SPIN_US") != 0);
   const LaunchEnvironment launch = detectEnvironment(env);
   log::configure(config.log_level, launch.rank);
   RS_LOG_DEBUG("launched by {}: rank {} of {}, local rank {}", name(launch.source), launch.rank,

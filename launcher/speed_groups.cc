@@ -38,7 +38,7 @@ std::vector<double> coresForSpeeds(const std::vector<double>& speeds, int cpus) 
   }
   const double fastest = *std::max_element(speeds.begin(), speeds.end());
   const double total = std::accumulate(speeds.begin(), speeds.end(), 0.0);
-  const double unit = std::min(1.0 / fastest, 0.5 * cpus / total);
+  const double unit = std::min(1.0 / fastest, 0.4 * cpus / total);
   std::vector<double> cores;
   for (const double speed : speeds) cores.push_back(speed * unit);
   return cores;

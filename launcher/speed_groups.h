@@ -12,7 +12,7 @@
 namespace railshard::launcher {
 
 // The cores each rank gets: speed x unit, the unit as large as allows both the fastest rank at
-// most one core and all of them together at most half of `cpus`: the rest is for the
+// most one core and all of them together at most 40 % of `cpus`: the rest is for the
 // launcher, the collectives' threads, the system and whatever else runs there, so that the
 // ranks keep their speed ratios when another job takes a core (if the quotas filled the
 // machine, the fast rank would lose most to it). InvalidArgument for an empty

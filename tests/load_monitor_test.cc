@@ -194,7 +194,7 @@ TEST(PowerMeter, TheEmulatedSourceChargesItsWattsPerBusyCoreAndSaysItIsEmulated)
 }
 
 TEST(SpeedGroups, QuotasFollowTheSpeedsAndARealGroupThrottlesItsProcess) {
-  EXPECT_THAT(coresForSpeeds({1, 2, 4}, 2), ::testing::ElementsAre(1.0 / 7, 2.0 / 7, 4.0 / 7));
+  EXPECT_THAT(coresForSpeeds({1, 2, 4}, 2), ::testing::ElementsAre(0.8 / 7, 1.6 / 7, 3.2 / 7));
   EXPECT_THAT(coresForSpeeds({1, 2}, 16), ::testing::ElementsAre(0.5, 1.0));  // one core at most
   EXPECT_THROW(coresForSpeeds({1, 0}, 2), InvalidArgument);
   EXPECT_THROW(coresForSpeeds({}, 2), InvalidArgument);

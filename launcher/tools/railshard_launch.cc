@@ -71,7 +71,7 @@ constexpr const char* kHelp =
     "  --emulate-speeds S0,S1,...\n"
     "                       real heterogeneity on one machine: rank r runs in a control\n"
     "                       group of its own with a CPU quota in proportion to Sr (the\n"
-    "                       fastest at most one core, all together at most half the\n"
+    "                       fastest at most one core, all together at most 40% of the\n"
     "                       machine's CPUs), so ranks really compute at those speeds (needs\n"
     "                       root or a delegated cgroup; one speed per rank)\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/error.h"
+#include "launcher/cgroup.h"
 #include "launcher/init.h"
 #include "launcher/interfaces.h"
 #include "python/csrc/c10d_store.h"
@@ -93,6 +94,7 @@ ProcessGroupRailshard::ProcessGroupRailshard(const c10::intrusive_ptr<c10d::Stor
     : BackendBase(rank, size) {
   guardedCall([&] {
     Config config = Config::fromEnvironment();
+    launcher::cgroup::fitWaitsToQuota(config, std::getenv("RAILSHARD_SPIN_US") != nullptr);
     // torch's timeout= is the user's per-collective bound unless RAILSHARD_TIMEOUT says
     // otherwise (it is the more specific knob).
     if (std::getenv("RAILSHARD_TIMEOUT") == nullptr && timeout.count() > 0) {
