@@ -55,7 +55,7 @@
 #include "launcher/environment.h"
 #include "launcher/init.h"
 #include "launcher/load_monitor.h"
-#include "launcher/speed_groups.h"
+#include "launcher/rank_groups.h"
 
 namespace railshard::bench {
 namespace {

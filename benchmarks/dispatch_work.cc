@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 #include "launcher/cgroup.h"
-#include "launcher/speed_groups.h"
+#include "launcher/rank_groups.h"
 
 namespace railshard::bench {
 
@@ -102,7 +102,7 @@ void changeOwnQuota(double factor, int slot, int step) {
                       " has no CPU quota to change (run it under railshard-launch "
                       "--emulate-speeds)");
   }
-  launcher::cgroup::setCpuQuota(group, cores * factor, launcher::SpeedGroups::kPeriodUs);
+  launcher::cgroup::setCpuQuota(group, cores * factor, launcher::RankGroups::kPeriodUs);
   std::printf("# slot %d: CPU quota %.3f -> %.3f cores in step %d\n", slot, cores, cores * factor,
               step);
   std::fflush(stdout);

@@ -75,10 +75,32 @@ def parse_args():
                         "run it under railshard-launch --emulate-speeds")
     p.add_argument("--plot", default="", metavar="FILE.png",
                    help="--compare: draw shares and step times over the steps")
+    p.add_argument("--activation-kib", type=int, default=0, metavar="K",
+                   help="a model that keeps K KiB of activations per sample for its backward "
+                        "at little compute (the memory caps' demonstration)")
+    p.add_argument("--oom", default="", metavar="RANK:STEP",
+                   help="rank RANK's allocator fails in step STEP (a real out-of-memory error): "
+                        "the step is given back and planned again with that rank capped")
+    p.add_argument("--ledger", action="store_true",
+                   help="check that the samples trained on are the epoch's first ones, each "
+                        "once (after steps given back, too)")
     p.add_argument("--save", default="", metavar="FILE",
                    help="--elastic: rank 0 saves the final parameters and the steps' sample "
                         "order to FILE (torch.save), for a reference to check")
     return p.parse_args()
+
+
+class IndexedTask(torch.utils.data.Dataset):
+    """A task's samples with their dataset index, for the ledger."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __len__(self):
+        return len(self.task)
+
+    def __getitem__(self, i):
+        return self.task.x[i], self.task.y[i], i
 
 
 class SyntheticTask(torch.utils.data.Dataset):
@@ -138,13 +160,13 @@ def main():
     railshard.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    data = SyntheticTask(args.samples)
-    torch.manual_seed(0)  # DDP broadcasts rank 0's parameters anyway
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden, 10))
+    task = SyntheticTask(args.samples)
+    data = IndexedTask(task)
+    model = make_model(args.hidden, args.activation_kib)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
+    oom = tuple(int(v) for v in args.oom.split(":")) if args.oom else None
+    processed = torch.zeros(len(data), dtype=torch.int32)  # the ledger: this rank's samples
+    given_back = 0
     sampler = railshard.ThroughputSampler(data, args.batch, micro_batch=args.micro_batch,
                                           policy=args.policy)
     if args.weighting == "hook":
@@ -159,28 +181,52 @@ def main():
               f"{args.steps} steps, weighting {args.weighting}, policy {args.policy}"
               + (f", rank {args.slow_rank} {args.slow_factor}x slower"
                  if 0 <= args.slow_rank < world else ""), flush=True)
-    step, epoch, step_times = 0, 0, []
+    step, epoch, step_times, attempts = 0, 0, [], 0
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for x, y, index in loader:
             started = time.perf_counter()
-            loss = raw_loss = F.cross_entropy(ddp(x), y)
-            # The emulated GPU: time in proportion to this rank's samples.
-            time.sleep(per_sample_s * sampler.local_samples)
-            if args.weighting == "loss_scale":
-                loss = loss * railshard.loss_scale(sampler)
-                # backward() waits for the all-reduce, i.e. for the slowest rank: time up to
-                # here. Backward costs about as much per sample as forward, so the ratios
-                # between ranks (all the dispatcher needs) stay right.
-                computed = time.perf_counter() - started
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            attempts += 1
+            try:
+                if oom == (rank, attempts - 1):
+                    torch.empty(1 << 62, dtype=torch.uint8)  # the allocator cannot: a real OOM
+                loss = raw_loss = F.cross_entropy(ddp(x), y)
+                # The emulated GPU: time in proportion to this rank's samples.
+                time.sleep(per_sample_s * sampler.local_samples)
+                if args.weighting == "loss_scale":
+                    loss = loss * railshard.loss_scale(sampler)
+                    # backward() waits for the all-reduce, i.e. for the slowest rank: time up
+                    # to here. Backward costs about as much per sample as forward, so the
+                    # ratios between ranks (all the dispatcher needs) stay right.
+                    computed = time.perf_counter() - started
+                optimizer.zero_grad()
+                loss.backward()
+            except RuntimeError as e:
+                if not railshard.is_out_of_memory(e):
+                    raise
+                # This rank's share did not fit: give the step up (on every rank, at report)
+                # and take part in its all-reduce with one sample of weight 0.
+                print(f"train.py: rank {rank} ran out of memory in step {step}: "
+                      f"{str(e).splitlines()[0][:120]}", flush=True)
+                sampler.out_of_memory()
+                optimizer.zero_grad()
+                loss = raw_loss = F.cross_entropy(ddp(x[:1]), y[:1])
+                loss.backward()
             if args.weighting == "hook":
                 # The hook stamped the end of this rank's backward compute, before the wait.
                 computed = sampler.grads_ready_at - started
             shares = sampler.shares
-            sampler.report(computed)  # collective: every rank, once per step
+            local = sampler.local_samples
+            # Collective: every rank, once per step; False when a rank gave the step up.
+            if not sampler.report(computed):
+                given_back += 1
+                if rank == 0:
+                    print(f"train.py: step {step} given up (a rank ran out of memory); its "
+                          f"samples are planned again", flush=True)
+                continue
+            optimizer.step()
+            if local > 0:
+                processed[index] += 1
             step_times.append(time.perf_counter() - started)
             if rank == 0 and not args.quiet:
                 ms = " ".join(f"{s * 1000:6.1f}" for s in sampler.reported_seconds)
@@ -209,12 +255,46 @@ def main():
             ideal = f" (emulated compute alone: {ideal_s * 1000:.1f} ms)"
         print(f"train.py: done; median step over the last {len(half)} steps "
               f"{statistics.median(half) * 1000:.1f} ms{ideal}; last shares {shares}", flush=True)
+    if args.ledger:
+        dist.all_reduce(processed)
+        if rank == 0:
+            # The steps that stood cover the first positions of the epoch's order, each once.
+            order = railshard.sampler.epoch_order(len(data), True, 0, 0)
+            done = int((processed > 0).sum())
+            first = torch.tensor(order[:done])
+            exact = int(processed.max()) <= 1 and bool((processed[first] == 1).all())
+            print(f"train.py: ledger: {done} samples in {step} steps ({given_back} given up and "
+                  f"planned again): " + ("each of the epoch's first once" if exact else
+                                         "NOT each once"), flush=True)
+    print(f"train.py: rank {rank} peak memory {sampler.memory_peak / 2**20:.0f} MiB of "
+          f"{sampler.memory_limit / 2**20:.0f} MiB it may use; memory cap {sampler.memory_cap} "
+          f"samples", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def make_model(hidden):
+class ActivationHeavy(torch.nn.Module):
+    """64 -> hidden -> (hidden repeated to K KiB, scaled, averaged back) -> 10: the repeated
+    copy is kept for the backward pass, so memory per sample is about K KiB while the compute
+    stays that of the small MLP."""
+
+    def __init__(self, hidden, kib):
+        super().__init__()
+        self.first = torch.nn.Linear(64, hidden)
+        self.repeats = max(kib * 256 // hidden, 1)
+        self.scale = torch.nn.Parameter(torch.ones(hidden * self.repeats))
+        self.last = torch.nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        h = F.relu(self.first(x))
+        big = h.repeat(1, self.repeats) * self.scale
+        return self.last(big.view(len(x), self.repeats, -1).mean(1))
+
+
+def make_model(hidden, activation_kib=0):
     torch.manual_seed(0)  # the launch's ranks take rank 0's parameters anyway
+    if activation_kib > 0:
+        return ActivationHeavy(hidden, activation_kib)
     return torch.nn.Sequential(
         torch.nn.Linear(64, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),

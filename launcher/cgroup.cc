@@ -198,6 +198,14 @@ void setCpuQuota(const Location& location, double cores, int period_us) {
   writeFile(location.dir + "/cpu.cfs_quota_us", std::to_string(quota));
 }
 
+void setMemoryLimit(const Location& location, double bytes) {
+  if (!(bytes > 0) || !std::isfinite(bytes)) {
+    throw InvalidArgument("cgroup: a memory limit must be > 0 bytes, got " + std::to_string(bytes));
+  }
+  const auto value = std::to_string(static_cast<long long>(bytes));
+  writeFile(location.dir + (location.v2 ? "/memory.max" : "/memory.limit_in_bytes"), value);
+}
+
 void fitWaitsToQuota(Config& config, bool spin_set) {
   if (spin_set || config.spin.count() == 0) return;
   const double cores = cpuQuotaCores(locate("cpu"));

@@ -34,6 +34,10 @@ double memoryLimitBytes(const Location& location);
 // cpu.cfs_period_us + cpu.cfs_quota_us, v2 cpu.max. ConfigError naming the file and errno.
 void setCpuQuota(const Location& location, double cores, int period_us);
 
+// Sets the memory limit of the group at `dir` to `bytes` (> 0): v1 memory.limit_in_bytes, v2
+// memory.max. ConfigError naming the file and errno.
+void setMemoryLimit(const Location& location, double bytes);
+
 // A rank whose CPU quota is below one core does not spin while it waits (unless
 // RAILSHARD_SPIN_US says so: `spin_set`): spinning spends the quota it needs to compute, and a
 // rank that used up its quota waiting sits out the rest of the period when its data arrives.

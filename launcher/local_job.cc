@@ -544,7 +544,8 @@ int runLocalJob(const LocalJobOptions& options) {
     // terminal's foreground group, and reading it would stop them (SIGTTIN).
     spec.stdin_fd = (rank == 0 && ::isatty(STDIN_FILENO) == 0) ? STDIN_FILENO : -1;
     spec.inherited_fd = gets_socket ? listener.get() : -1;
-    if (!options.cgroup_procs.empty()) spec.cgroup_procs = options.cgroup_procs[rank];
+    if (!options.cgroup_procs.empty())
+      spec.cgroup_procs = options.cgroup_procs[static_cast<size_t>(rank)];
     ProcessGroup::Pipes pipes = ranks.spawn(spec);
     std::string prefix;
     if (options.prefix_output) prefix.append("[").append(std::to_string(rank)).append("] ");

@@ -40,10 +40,10 @@ struct LocalJobOptions {
   int min_ranks = 0;
   // Named in the failure line; empty: this machine's host name.
   std::string host_name;
-  // Per rank slot, a control group's cgroup.procs the rank enters before it execs (its CPU
-  // quota under --emulate-speeds: launcher/speed_groups.h); a restarted rank enters its slot's.
-  // Empty: none.
-  std::vector<std::string> cgroup_procs;
+  // Per rank slot, the control groups' cgroup.procs the rank enters before it execs (its CPU
+  // quota and memory limit under --emulate-speeds / --emulate-memory: launcher/rank_groups.h);
+  // a restarted rank enters its slot's. Empty: none.
+  std::vector<std::vector<std::string>> cgroup_procs;
   // Called with one line (no newline) for each thing the user should know: a rank failed, a
   // signal was forwarded, ranks had to be killed.
   std::function<void(const std::string& line)> notice;

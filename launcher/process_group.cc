@@ -59,8 +59,8 @@ bool enterGroup(int fd) {
 constexpr int kGroupFailed = -1;
 
 [[noreturn]] void runChild(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
-                           int err_fd, int inherited_fd, int cgroup_fd, int status_fd, pid_t parent,
-                           const rlimit* nofile) {
+                           int err_fd, int inherited_fd, const int* cgroup_fds, size_t cgroups,
+                           int status_fd, pid_t parent, const rlimit* nofile) {
   // Own process group: a terminal's Ctrl-C goes to the launcher only, which forwards it.
   ::setpgid(0, 0);
   // Die with the launcher. If it died before this line the request came too late: leave now.
@@ -73,11 +73,13 @@ constexpr int kGroupFailed = -1;
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   if (nofile != nullptr) ::setrlimit(RLIMIT_NOFILE, nofile);
 
-  if (cgroup_fd >= 0 && !enterGroup(cgroup_fd)) {
-    const int failure[2] = {kGroupFailed, errno};
-    ssize_t ignored = ::write(status_fd, failure, sizeof(failure));
-    (void)ignored;
-    ::_exit(127);
+  for (size_t g = 0; g < cgroups; ++g) {
+    if (!enterGroup(cgroup_fds[g])) {
+      const int failure[3] = {kGroupFailed, errno, static_cast<int>(g)};
+      ssize_t ignored = ::write(status_fd, failure, sizeof(failure));
+      (void)ignored;
+      ::_exit(127);
+    }
   }
   int err = 0;
   if (!moveTo(stdin_fd, STDIN_FILENO) || !moveTo(out_fd, STDOUT_FILENO) ||
@@ -170,22 +172,22 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   int err[2] = {-1, -1};
   int status[2] = {-1, -1};
   int null_fd = -1;
-  int cgroup_fd = -1;
+  std::vector<int> cgroup_fds;
   auto closeAll = [&] {
-    for (int* fd :
-         {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1], &null_fd, &cgroup_fd}) {
+    for (int* fd : {&out[0], &out[1], &err[0], &err[1], &status[0], &status[1], &null_fd}) {
       closeIfOpen(*fd);
     }
+    for (int& fd : cgroup_fds) closeIfOpen(fd);
   };
+
   try {
     makePipe(out);
     makePipe(err);
     makePipe(status);
-    if (!spec.cgroup_procs.empty()) {
-      cgroup_fd = ::open(spec.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
-      if (cgroup_fd < 0) {
-        throw Error("cannot start a rank: " + spec.cgroup_procs + ": " + errnoText(errno));
-      }
+    for (const auto& procs : spec.cgroup_procs) {
+      const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) throw Error("cannot start a rank: " + procs + ": " + errnoText(errno));
+      cgroup_fds.push_back(fd);
     }
     if (spec.stdin_fd < 0) {
       null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -201,7 +203,7 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     runChild(argv.data(), envp.data(), spec.stdin_fd >= 0 ? spec.stdin_fd : null_fd, out[1], err[1],
-             spec.inherited_fd, cgroup_fd, status[1], parent, nofile);
+             spec.inherited_fd, cgroup_fds.data(), cgroup_fds.size(), status[1], parent, nofile);
   }
   if (pid < 0) {
     const int fork_errno = errno;
@@ -214,9 +216,10 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   closeIfOpen(err[1]);
   closeIfOpen(status[1]);
   closeIfOpen(null_fd);
-  closeIfOpen(cgroup_fd);
+  for (int& fd : cgroup_fds) closeIfOpen(fd);
 
-  int reply[2] = {0, 0};  // exec's errno, or kGroupFailed and the errno of entering the group
+  // exec's errno, or kGroupFailed, the errno of entering a group and which one.
+  int reply[3] = {0, 0, 0};
   ssize_t n;
   while ((n = ::read(status[0], reply, sizeof(reply))) < 0 && errno == EINTR) {
   }
@@ -228,7 +231,8 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
     }
     closeAll();
     if (exec_errno == kGroupFailed) {
-      throw Error("cannot start a rank: entering the control group " + spec.cgroup_procs +
+      throw Error("cannot start a rank: entering the control group " +
+                  spec.cgroup_procs[static_cast<size_t>(reply[2])] +
                   " failed: " + errnoText(reply[1]));
     }
     throw SpawnError("cannot execute '" + spec.argv[0] + "': " + errnoText(exec_errno), exec_errno);

@@ -21,9 +21,10 @@ struct ChildSpec {
   // A descriptor (> 2) the child keeps at the same number across exec; every other descriptor
   // of the caller is expected to be close-on-exec already.
   int inherited_fd = -1;
-  // A control group's cgroup.procs: the child enters that group before it execs, so the
-  // program runs under the group's limits from its first instruction (--emulate-speeds).
-  std::string cgroup_procs;
+  // Control groups' cgroup.procs files: the child enters each group before it execs, so the
+  // program runs under the groups' limits from its first instruction (--emulate-speeds,
+  // --emulate-memory).
+  std::vector<std::string> cgroup_procs;
 };
 
 // How a child ended.

@@ -21,7 +21,7 @@
 #include "launcher/cgroup.h"
 #include "launcher/load_monitor.h"
 #include "launcher/power_meter.h"
-#include "launcher/speed_groups.h"
+#include "launcher/rank_groups.h"
 #include "test_util.h"
 
 namespace railshard::launcher {
@@ -193,7 +193,7 @@ TEST(PowerMeter, TheEmulatedSourceChargesItsWattsPerBusyCoreAndSaysItIsEmulated)
   EXPECT_NEAR(reading.watts, reading.joules / wall, 1e-9 + reading.watts * 0.05);
 }
 
-TEST(SpeedGroups, QuotasFollowTheSpeedsAndARealGroupThrottlesItsProcess) {
+TEST(RankGroups, QuotasFollowTheSpeedsAndARealGroupThrottlesItsProcess) {
   EXPECT_THAT(coresForSpeeds({1, 2, 4}, 2), ::testing::ElementsAre(0.8 / 7, 1.6 / 7, 3.2 / 7));
   EXPECT_THAT(coresForSpeeds({1, 2}, 16), ::testing::ElementsAre(0.5, 1.0));  // one core at most
   EXPECT_THROW(coresForSpeeds({1, 0}, 2), InvalidArgument);
@@ -202,9 +202,11 @@ TEST(SpeedGroups, QuotasFollowTheSpeedsAndARealGroupThrottlesItsProcess) {
   if (!cpu.found() || ::geteuid() != 0 || ::access(cpu.dir.c_str(), W_OK) != 0) {
     GTEST_SKIP() << "no writable cgroup cpu controller here (needs root and cgroup cpu)";
   }
-  std::unique_ptr<SpeedGroups> groups;
+  std::unique_ptr<RankGroups> groups;
   try {
-    groups = std::make_unique<SpeedGroups>(std::vector<double>{0.1});
+    groups = std::make_unique<RankGroups>("cpu", 1, [](const cgroup::Location& group, size_t) {
+      cgroup::setCpuQuota(group, 0.1, RankGroups::kPeriodUs);
+    });
   } catch (const ConfigError& e) {
     GTEST_SKIP() << "cannot make CPU quota groups here: " << e.what();
   }

@@ -21,7 +21,7 @@
 #include "core/tracing/trace_merge.h"
 #include "launcher/local_job.h"
 #include "launcher/process_group.h"
-#include "launcher/speed_groups.h"
+#include "launcher/rank_groups.h"
 
 // The build may pass the project version; this fallback must then match project(VERSION).
 #ifndef RAILSHARD_VERSION_STRING
@@ -74,6 +74,10 @@ constexpr const char* kHelp =
     "                       fastest at most one core, all together at most 40% of the\n"
     "                       machine's CPUs), so ranks really compute at those speeds (needs\n"
     "                       root or a delegated cgroup; one speed per rank)\n"
+    "  --emulate-memory M0,M1,...\n"
+    "                       rank r may use Mr bytes of memory (suffix K, M, G), its memory\n"
+    "                       cgroup's limit, which the kernel enforces (as --emulate-speeds,\n"
+    "                       root or a delegated cgroup; one value per rank)\n"
     "  --dump-topology FILE rank 0 writes the cluster topology graph the ranks agreed on\n"
     "                       to FILE (JSON; sets RAILSHARD_TOPO_DUMP; needs PROGRAM to\n"
     "                       call railshard::init())\n"
@@ -103,6 +107,7 @@ struct Arguments {
   std::optional<int> max_restarts;
   std::optional<int> min_ranks;
   std::vector<double> speeds;  // --emulate-speeds
+  std::vector<double> memory;  // --emulate-memory, bytes
   bool help = false;
   bool version = false;
 };
@@ -153,6 +158,23 @@ std::vector<double> parseSpeeds(const std::string& value) {
     at = comma + 1;
   }
   return speeds;
+}
+
+std::vector<double> parseMemory(const std::string& value) {
+  std::vector<double> limits;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    try {
+      limits.push_back(static_cast<double>(
+          railshard::parseBytes("--emulate-memory", value.substr(at, comma - at))));
+    } catch (const railshard::ConfigError& error) {
+      throw UsageError{error.what()};
+    }
+    if (limits.back() <= 0) throw UsageError{"--emulate-memory: a limit must be > 0"};
+    at = comma + 1;
+  }
+  return limits;
 }
 
 uint16_t parsePort(const std::string& value) {
@@ -226,6 +248,8 @@ Arguments parseArguments(int argc, char** argv) {
       args.min_ranks = parseCount("--min-ranks", value());
     } else if (name == "--emulate-speeds") {
       args.speeds = parseSpeeds(value());
+    } else if (name == "--emulate-memory") {
+      args.memory = parseMemory(value());
     } else if (name == "--no-prefix") {
       noValue();
       args.job.prefix_output = false;
@@ -247,6 +271,10 @@ Arguments parseArguments(int argc, char** argv) {
   if (!args.speeds.empty() && args.speeds.size() != static_cast<size_t>(*ranks)) {
     throw UsageError{"--emulate-speeds gives " + std::to_string(args.speeds.size()) +
                      " speeds for " + std::to_string(*ranks) + " ranks"};
+  }
+  if (!args.memory.empty() && args.memory.size() != static_cast<size_t>(*ranks)) {
+    throw UsageError{"--emulate-memory gives " + std::to_string(args.memory.size()) +
+                     " limits for " + std::to_string(*ranks) + " ranks"};
   }
   if (args.max_failures) {
     args.job.elastic = true;
@@ -361,20 +389,45 @@ int main(int argc, char** argv) {
   }
   try {
     // Declared before the job runs and destroyed after it: the groups go once the ranks have.
-    std::unique_ptr<railshard::launcher::SpeedGroups> speed_groups;
+    std::unique_ptr<railshard::launcher::RankGroups> speed_groups;
+    std::unique_ptr<railshard::launcher::RankGroups> memory_groups;
+    if (!args.speeds.empty() || !args.memory.empty()) {
+      args.job.cgroup_procs.resize(static_cast<size_t>(args.job.world_size));
+    }
     if (!args.speeds.empty()) {
       const auto cores = railshard::launcher::coresForSpeeds(
           args.speeds, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
-      speed_groups = std::make_unique<railshard::launcher::SpeedGroups>(cores);
+      speed_groups = std::make_unique<railshard::launcher::RankGroups>(
+          "cpu", cores.size(), [&](const railshard::launcher::cgroup::Location& group, size_t r) {
+            railshard::launcher::cgroup::setCpuQuota(group, cores[r],
+                                                     railshard::launcher::RankGroups::kPeriodUs);
+          });
       std::string line =
           "--emulate-speeds: ranks 0.." + std::to_string(cores.size() - 1) + " get CPU quotas of";
       for (size_t r = 0; r < cores.size(); ++r) {
         char text[32];
         std::snprintf(text, sizeof(text), "%s %.3f", r == 0 ? "" : ",", cores[r]);
         line += text;
-        args.job.cgroup_procs.push_back(speed_groups->procsFile(r));
+        args.job.cgroup_procs[r].push_back(speed_groups->procsFile(r));
       }
       printError(line + " cores (" + speed_groups->parentDir() + ")");
+    }
+    if (!args.memory.empty()) {
+      memory_groups = std::make_unique<railshard::launcher::RankGroups>(
+          "memory", args.memory.size(),
+          [&](const railshard::launcher::cgroup::Location& group, size_t r) {
+            railshard::launcher::cgroup::setMemoryLimit(group, args.memory[r]);
+          });
+      std::string line =
+          "--emulate-memory: ranks 0.." + std::to_string(args.memory.size() - 1) + " may use";
+      for (size_t r = 0; r < args.memory.size(); ++r) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%s %.0f MiB", r == 0 ? "" : ",",
+                      args.memory[r] / (1 << 20));
+        line += text;
+        args.job.cgroup_procs[r].push_back(memory_groups->procsFile(r));
+      }
+      printError(line + " (" + memory_groups->parentDir() + ")");
     }
     const int status = railshard::launcher::runLocalJob(args.job);
     if (!args.trace.empty()) mergeTrace(args.trace);

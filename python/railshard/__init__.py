@@ -80,6 +80,7 @@ _register()
 atexit.register(_C._shutdown_all)
 
 from .sampler import ThroughputSampler  # noqa: E402,F401
+from .memory import is_out_of_memory  # noqa: E402,F401
 from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401
 from .launch import fill_env, init_process_group  # noqa: E402,F401
 from .elastic import ElasticDataParallel, ElasticGroup, is_peer_lost  # noqa: E402,F401

@@ -42,6 +42,7 @@ class MemoryModel:
         self.device = device
         self.bytes_per_sample = 0.0  # the largest measured; 0 until a step is measured
         self._baseline: Optional[float] = None  # held between steps, at the last step's end
+        self.highest_peak = 0.0  # the most memory any step took (bytes)
         self._measurable = True
 
     def _held(self) -> Optional[float]:
@@ -66,9 +67,17 @@ class MemoryModel:
         except OSError:
             self._measurable = False  # peaks cannot be told apart: no cap from here
 
+    def first_step_starts(self) -> None:
+        """Before the first step: what is held now is its baseline, its peak counts from here."""
+        if self._baseline is None:
+            self._baseline = self._held()
+            self._reset_peak()
+
     def step_ended(self, samples: int) -> None:
         """After a step of `samples`: measure its peak, then start the next interval."""
         peak, held = self._peak(), self._held()
+        if peak is not None:
+            self.highest_peak = max(self.highest_peak, peak)
         if (self._measurable and samples > 0 and peak is not None and held is not None
                 and self._baseline is not None and peak > self._baseline):
             self.bytes_per_sample = max(self.bytes_per_sample, (peak - self._baseline) / samples)
@@ -93,11 +102,13 @@ class MemoryModel:
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for an allocation that failed: ``torch.OutOfMemoryError`` (CUDA) or the CPU
-    allocator's RuntimeError ("DefaultCPUAllocator: not enough memory")."""
+    allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory" / "not enough
+    memory")."""
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(
         torch.cuda, "OutOfMemoryError", None)
     if oom_type is not None and isinstance(error, oom_type):
         return True
     text = str(error)
-    return isinstance(error, (RuntimeError, MemoryError)) and (
-        "not enough memory" in text or "out of memory" in text or isinstance(error, MemoryError))
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and (
+        "not enough memory" in text or "can't allocate memory" in text
+        or "out of memory" in text))

@@ -229,6 +229,9 @@ class ThroughputSampler(Sampler[List[int]]):
             yield self._plan(order)
 
     def _plan(self, order: List[int]) -> List[int]:
+        if self._planned == 0:
+            # The first step's memory is measured from here: its cap holds from the second.
+            self._rank_signals().memory.first_step_starts()
         d = self.dispatcher
         ranges = d.plan(self.global_batch_size)
         samples = [int(n) for n in d.samples()]
@@ -294,6 +297,24 @@ class ThroughputSampler(Sampler[List[int]]):
         """This rank's current batch is a padding sample of weight 0."""
         current = self._current()
         return current is not None and current.padded
+
+    @property
+    def memory_cap(self) -> int:
+        """The most samples this rank's memory holds in one step, as it reported last
+        (docs/pytorch.md, "Memory"); 0 while unknown."""
+        return self._signals.last_cap if self._signals is not None else 0
+
+    @property
+    def memory_peak(self) -> float:
+        """The most memory any step took on this rank so far (bytes: the GPU's allocated, or
+        resident memory on the CPU); 0 before the first report."""
+        return self._signals.memory.highest_peak if self._signals is not None else 0.0
+
+    @property
+    def memory_limit(self) -> float:
+        """The memory this rank may use (bytes: its GPU's, or its cgroup's /
+        RAILSHARD_MEMORY_LIMIT / the RAM), as it reported last; 0 before the first report."""
+        return self._signals.last_limit if self._signals is not None else 0.0
 
     @property
     def grads_ready_at(self) -> Optional[float]:

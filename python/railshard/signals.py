@@ -5,7 +5,6 @@ utilisation and memory, power and energy), the caller's queue length, and the me
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional
 
 import torch
@@ -31,6 +30,8 @@ class RankSignals:
         self.memory = MemoryModel(device)
         self.names = _names()
         self._oom_cap: Optional[int] = None  # set by an out-of-memory error, until measured
+        self.last_cap = 0  # the cap this rank reported last (samples; 0: none)
+        self.last_limit = 0.0  # the memory it may use, as reported last (bytes)
 
     def row(self, samples: int, queued_samples: Optional[float]) -> List[float]:
         """[energy_joules, *signals in LOAD_SIGNALS order] after a step of `samples`."""
@@ -42,6 +43,7 @@ class RankSignals:
         if self._oom_cap is not None:
             cap = min(cap, self._oom_cap) if cap > 0 else self._oom_cap
         signals["cap_samples"] = float(cap)
+        self.last_cap, self.last_limit = cap, float(limit)
         if queued_samples is not None:
             signals["queued_samples"] = float(queued_samples)
         return [float(energy)] + [float(signals[name]) for name in self.names]
@@ -54,19 +56,3 @@ class RankSignals:
         self.memory.out_of_memory(samples, limit)
         cap = max(int(samples * 0.75), 1)
         self._oom_cap = cap if self._oom_cap is None else min(self._oom_cap, cap)
-
-
-def unpack(row: List[float]) -> Dict[str, object]:
-    """A gathered row's tail back into (energy, signals dict); NaN-free by construction."""
-    names = _names()
-    energy = row[0]
-    signals = {name: row[1 + i] for i, name in enumerate(names)}
-    return {"energy": energy, "signals": signals}
-
-
-def width() -> int:
-    return 1 + len(_names())
-
-
-def finite_or_zero(value: float) -> float:
-    return value if math.isfinite(value) else 0.0

@@ -1,4 +1,4 @@
-#include "launcher/speed_groups.h"
+#include "launcher/rank_groups.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,11 +17,11 @@ namespace railshard::launcher {
 
 namespace {
 
-void makeDir(const std::string& dir) {
+void makeDir(const std::string& dir, const std::string& controller) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw ConfigError("--emulate-speeds: cannot make the control group " + dir + ": " +
+    throw ConfigError("cannot make the " + controller + " control group " + dir + ": " +
                       std::strerror(errno) +
-                      " (CPU quotas per rank need root, or a cpu cgroup delegated to you)");
+                      " (limits per rank need root, or a cgroup delegated to you)");
   }
 }
 
@@ -44,25 +44,26 @@ std::vector<double> coresForSpeeds(const std::vector<double>& speeds, int cpus) 
   return cores;
 }
 
-SpeedGroups::SpeedGroups(const std::vector<double>& cores) : cores_(cores) {
-  const cgroup::Location mine = cgroup::locate("cpu");
+RankGroups::RankGroups(const std::string& controller, size_t ranks,
+                       const std::function<void(const cgroup::Location&, size_t)>& configure) {
+  const cgroup::Location mine = cgroup::locate(controller);
   if (!mine.found()) {
-    throw ConfigError(
-        "--emulate-speeds: no cgroup hierarchy with the cpu controller is mounted (cgroup v1 "
-        "/sys/fs/cgroup/cpu, or v2 with cpu enabled)");
+    throw ConfigError("no cgroup hierarchy with the " + controller +
+                      " controller is mounted (cgroup v1 /sys/fs/cgroup/" + controller +
+                      ", or v2 with " + controller + " enabled)");
   }
   parent_ = mine.dir + "/railshard-" + std::to_string(::getpid());
-  makeDir(parent_);
+  makeDir(parent_, controller);
   try {
     if (mine.v2) {
       // v2 hands controllers to children explicitly.
-      std::ofstream(parent_ + "/cgroup.subtree_control") << "+cpu";
+      std::ofstream(parent_ + "/cgroup.subtree_control") << "+" << controller;
     }
-    for (size_t r = 0; r < cores.size(); ++r) {
+    for (size_t r = 0; r < ranks; ++r) {
       cgroup::Location group{parent_ + "/rank" + std::to_string(r), mine.mount, mine.v2};
-      makeDir(group.dir);
+      makeDir(group.dir, controller);
       groups_.push_back(group);
-      cgroup::setCpuQuota(group, cores[r], kPeriodUs);
+      configure(group, r);
     }
   } catch (...) {
     for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) ::rmdir(it->dir.c_str());
@@ -71,11 +72,11 @@ SpeedGroups::SpeedGroups(const std::vector<double>& cores) : cores_(cores) {
   }
 }
 
-SpeedGroups::~SpeedGroups() {
+RankGroups::~RankGroups() {
   for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) {
     if (::rmdir(it->dir.c_str()) != 0) {
       // A rank's own child process may outlive it; the group stays until that one exits.
-      RS_LOG_WARN("--emulate-speeds: cannot remove {}: {}", it->dir, std::strerror(errno));
+      RS_LOG_WARN("cannot remove the control group {}: {}", it->dir, std::strerror(errno));
     }
   }
   ::rmdir(parent_.c_str());
