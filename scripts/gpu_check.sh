@@ -8,14 +8,22 @@
 #      NCCL itself in the same harness when there are two GPUs (NCCL refuses two ranks on one);
 #   4. the PyTorch backend with CUDA tensors (tests/python/test_cuda.py) when a python3 with a
 #      CUDA torch is found (RAILSHARD_PYTHON picks it).
+#   5. the load signals a rank reports on a GPU (NVML utilisation, memory, power, energy)
+#      while the GPU computes (tests/programs/load_probe).
 # Usage: scripts/gpu_check.sh [BUILD_DIR] ; results go to $OUT (default ./gpu-check-out).
+#        scripts/gpu_check.sh --bundle DIR: run what scripts/gpu_bundle.sh packed (built
+#        elsewhere, for a GPU machine that cannot build railshard) instead of building.
 # Every step is bounded by `timeout`; a failing step is reported and the others still run.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build-gpu}
 out=${OUT:-$root/gpu-check-out}
 mkdir -p "$out"
 status=0
+bundle=""
+if [ "${1:-}" = "--bundle" ]; then
+  bundle=$(cd "$2" && pwd)
+fi
+build=${1:-$root/build-gpu}
 step() {
   local name=$1 limit=$2
   shift 2
@@ -28,6 +36,40 @@ step() {
 }
 
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+
+# The load signals while the GPU computes (a PyTorch matrix-product loop), then idle.
+loadCheck() {
+  local probe=$1
+  "${RAILSHARD_PYTHON:-python3}" -c 'import torch, time
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + 12
+while time.time() < end:
+    a = (a @ a).clamp_(-1, 1)
+torch.cuda.synchronize()' &
+  local burner=$!
+  sleep 3
+  "$probe" 0 8 1000
+  wait $burner
+  echo "# idle"
+  "$probe" 0 3 1000
+}
+
+if [ -n "$bundle" ]; then
+  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  b=$bundle/bin
+  step load_signals 60 bash -c "$(declare -f loadCheck); loadCheck $b/load_probe"
+  step cuda_kernels_test 300 "$b/cuda_kernels_test" --gtest_color=no
+  step staging_test 300 "$b/device_staging_test" --gtest_color=no
+  step communicator_device_test 300 "$b/communicator_device_test" --gtest_color=no
+  step cuda_kernels_bench 300 "$b/cuda_kernels_bench" --max-bytes 1G --require-device \
+    --json "$out/cuda_kernels_bench.json"
+  perf=("$b/allreduce_perf" -b 1M -e 256M -f 4 -n 20 -w 5 -c 1)
+  step allreduce_device_2ranks 300 "$b/railshard-launch" -n 2 -- "${perf[@]}" --device cuda \
+    -J "$out/allreduce_device_2ranks.json"
+  step allreduce_host_2ranks 300 "$b/railshard-launch" -n 2 -- "${perf[@]}" --device host
+  cat "$out/summary.txt"
+  exit $status
+fi
 python=${RAILSHARD_PYTHON:-python3}
 torch_opts=(-DRAILSHARD_WITH_TORCH=OFF)
 if "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then

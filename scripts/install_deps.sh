@@ -17,6 +17,7 @@ packages=(
   # python3-venv: scripts/torch_venv.sh makes the torch 2.x venv
   python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest python3-venv
   chromium  # railshard-report --html is rendered headless in a test (ReportRender)
+  prometheus  # a real Prometheus server scrapes a job in tests/python/test_prometheus.py
 )
 
 missing=()
