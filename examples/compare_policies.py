@@ -56,7 +56,12 @@ def _train(args, data, policy, rank, make_model, log):
 
 
 def _plot(path, runs, world):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"train.py --compare: no plot in {path}: matplotlib is not installed "
+              "(apt-get install python3-matplotlib, or pip install matplotlib)", flush=True)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -77,6 +82,7 @@ def _plot(path, runs, world):
     bottom.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    return True
 
 
 def run(args, data, make_model):
@@ -113,8 +119,7 @@ def run(args, data, make_model):
               f"step than {runs[0][0]}; eval loss {losses[-1]:.4f} vs {losses[0]:.4f} "
               f"({gap * 100:.2f}% apart) after the same {args.steps * args.batch} samples",
               flush=True)
-        if args.plot:
-            _plot(args.plot, runs, world)
+        if args.plot and _plot(args.plot, runs, world):
             print(f"train.py --compare: plot in {args.plot}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -56,9 +56,15 @@ def _launch(launch_args, train_args, timeout=300):
 def test_real_quotas_equal_then_proportional_with_a_plot(tmp_path):
     # The quick start's job, shorter: 1:2:4 by CPU quota, real forward and backward passes.
     plot = tmp_path / "shares.png"
+    import torch
+
+    # torch 2's CPU kernels do this MLP's step several times faster than Debian's torch 1.13:
+    # a wider one keeps compute, not per-step overhead, what the quotas hold back.
+    size = ["--hidden", "256", "--batch", "512"] if torch.__version__.startswith("1.") else [
+        "--hidden", "1024", "--batch", "1024"]
     proc, out = _launch(["-n", "3", "--emulate-speeds", "1,2,4"],
-                        ["--compare", "equal,proportional", "--steps", "12", "--batch", "512",
-                         "--sample-ms", "0", "--plot", str(plot)])
+                        ["--compare", "equal,proportional", "--steps", "12", "--sample-ms", "0",
+                         "--plot", str(plot)] + size)
     assert proc.returncode == 0, out
     speedup = re.search(r"proportional is ([\d.]+)x faster per step than equal; eval loss "
                         r"([\d.]+) vs ([\d.]+)", out)
@@ -67,7 +73,8 @@ def test_real_quotas_equal_then_proportional_with_a_plot(tmp_path):
     assert abs(float(speedup.group(2)) - float(speedup.group(3))) < 1e-3, out
     shares = re.search(r"proportional: median step .* last shares \[(\d+), (\d+), (\d+)\]", out)
     assert shares and int(shares.group(3)) > 2 * int(shares.group(1)), out
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if "no plot in" not in out:  # matplotlib is installed
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @needs_cgroups
@@ -75,16 +82,23 @@ def test_a_rank_with_a_quarter_of_the_memory_is_capped_and_never_runs_out():
     # Rank 2 is the fastest (its share would be 2/3 of the batch) but has a quarter of the
     # others' memory for activations (the kernel kills it beyond its limit). Its share is
     # capped to what fits; the job finishes; every sample of the steps is trained once.
+    # What a rank of this torch holds before any activation: a short run without limits.
+    args = ["--sample-ms", "0", "--activation-kib", "128", "--lr", "0.01", "--quiet"]
+    proc, out = _launch(["-n", "3"], ["--steps", "2", "--batch", "48"] + args)
+    assert proc.returncode == 0, out
+    held = max(int(m) for m in re.findall(r"peak memory (\d+) MiB", out))
+    # About 0.5 MB per sample: the first, equal step (341 samples) fits everywhere; the 2/3 of
+    # the batch rank 2 would get by speed (680 samples) does not fit its 240 MiB.
+    limits = [held + 950, held + 950, held + 240]
     proc, out = _launch(["-n", "3", "--emulate-speeds", "1,1,4", "--emulate-memory",
-                         "1200M,1200M,500M"],
-                        ["--steps", "10", "--sample-ms", "0", "--activation-kib", "128",
-                         "--batch", "1024", "--lr", "0.01", "--ledger", "--quiet"])
+                         ",".join(f"{m}M" for m in limits)],
+                        ["--steps", "10", "--batch", "1024", "--ledger"] + args)
     assert proc.returncode == 0, out
     assert "killed" not in out, out
     peak = re.search(r"rank 2 peak memory (\d+) MiB of (\d+) MiB it may use; memory cap (\d+)",
                      out)
     assert peak, out
-    assert int(peak.group(1)) < int(peak.group(2)) == 500, out
+    assert int(peak.group(1)) < int(peak.group(2)) == limits[2], out
     last = re.search(r"last shares \[(\d+), (\d+), (\d+)\]", out)
     assert last, out
     # Uncapped, rank 2 would take about 2/3 of 1024 (measured: 648); capped, less than half
