@@ -14,22 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/dispatch_bench_paths.h"
 #include "tests/test_util.h"
 
 namespace railshard {
 namespace {
 
-#ifdef RAILSHARD_DISPATCH_BENCH_BIN
-const std::string kBench = RAILSHARD_DISPATCH_BENCH_BIN;
-#else
-const std::string kBench;
-#endif
-const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
-
-#define SKIP_UNLESS_BUILT()                                                             \
-  do {                                                                                  \
-    if (kBench.empty()) GTEST_SKIP() << "dispatch_bench is not built (benchmarks off)"; \
-  } while (0)
+using test::kBench;
+using test::kLaunch;
 
 // Runs the bench on 3 ranks with `args` and returns the JSON it wrote.
 nlohmann::json runBench(const std::vector<std::string>& args, test::ProcessResult* result) {

@@ -176,6 +176,16 @@ def child_env(extra=None):
     return env
 
 
+def launch_env(extra=None):
+    """child_env() for a job a launcher starts (railshard-launch gives the ranks their own
+    RANK, WORLD_SIZE, ...): whatever of those this process inherited is left out."""
+    env = child_env(extra)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                 "RAILSHARD_JOIN", "RAILSHARD_RANK", "RAILSHARD_WORLD_SIZE"):
+        env.pop(name, None)
+    return env
+
+
 def railshard_launch_binary():
     """railshard-launch next to the module's build (or RAILSHARD_LAUNCH), or None."""
     candidates = [os.environ.get("RAILSHARD_LAUNCH"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD
+from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
 
 LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
                              BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
@@ -28,26 +28,16 @@ pytestmark = [
 SMALL = ["--batch", "128", "--samples", "2048", "--hidden", "32", "--quiet"]
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-                 "RAILSHARD_JOIN", "RAILSHARD_RANK", "RAILSHARD_WORLD_SIZE"):
-        env.pop(name, None)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _train(launch_args, train_args, save, timeout=240):
     cmd = [str(LAUNCH)] + launch_args + [sys.executable, str(TRAIN), "--elastic",
                                          "--save", str(save)] + SMALL + train_args
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
     return proc, proc.stdout + proc.stderr
 
 
 def _run_alone(script):
     """Runs `script` as a world of one (no launcher); its output, once it exited 0."""
-    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(script)], env=launch_env(), capture_output=True,
                           text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -143,7 +133,7 @@ def test_a_job_started_on_two_ranks_grows_to_four_with_two_hand_started_joiners(
         port = s.getsockname()[1]
     save = tmp_path / "final.pt"
     args = SMALL + ["--steps", "48", "--sample-ms", "4"]
-    env = _env()
+    env = launch_env()
     env["RAILSHARD_TOKEN"] = "grow-from-the-start"
     members = subprocess.Popen(
         [str(LAUNCH), "-n", "2", "--min-ranks", "1", "--store-port", str(port), sys.executable,
@@ -275,7 +265,7 @@ def test_on_two_emulated_hosts_a_hand_restarted_rank_rejoins():
     # rank 2 on host 1 is SIGKILLed after step 12 and started again there with
     # RAILSHARD_JOIN=1. The survivors span both hosts (shared memory inside host 0, TCP
     # rails between), and so does the grown group.
-    env = _env()
+    env = launch_env()
     env["RAILSHARD_BENCH_PYTHON"] = sys.executable
     proc = subprocess.run(
         ["bash", str(REPO / "benchmarks" / "elastic_restart.sh"), str(BUILD_PYTHON.parent), "1",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD
+from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
 
 LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
                              BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
@@ -22,15 +22,6 @@ pytestmark = [
     pytest.mark.skipif(not UNDER_TEST_IS_RAILSHARD, reason="railshard's own sampler"),
     pytest.mark.skipif(not LAUNCH.exists(), reason=f"{LAUNCH} not built"),
 ]
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(name, None)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _cgroups_writable():
@@ -48,7 +39,7 @@ needs_cgroups = pytest.mark.skipif(
 
 def _launch(launch_args, train_args, timeout=300):
     cmd = [str(LAUNCH)] + launch_args + [sys.executable, str(TRAIN)] + train_args
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
     return proc, proc.stdout + proc.stderr
 
 
@@ -148,7 +139,7 @@ def test_load_signals_are_read_and_nonsensical_reports_refused(tmp_path):
         "    d.set_load(0, {'colour': 1.0})\n"
         "except KeyError as e:\n"
         "    print('unknown:', e)\n")
-    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(script)], env=launch_env(), capture_output=True,
                           text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

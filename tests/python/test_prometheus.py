@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD
+from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
 
 LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
                              BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
@@ -71,13 +71,8 @@ def test_a_prometheus_server_scrapes_every_rank(tmp_path):
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: railshard\n    static_configs:\n      - targets: ["
         + ", ".join(f"'127.0.0.1:{metrics_port + r}'" for r in range(ranks)) + "]\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(name, None)
-    env.update({"RAILSHARD_METRICS_PORT": str(metrics_port), "OMP_NUM_THREADS": "1",
-                # Over the transport, so that bytes per rail have something to count.
-                "RAILSHARD_ALGO": "ring"})
+    # Over the transport, so that bytes per rail have something to count.
+    env = launch_env({"RAILSHARD_METRICS_PORT": metrics_port, "RAILSHARD_ALGO": "ring"})
     job = subprocess.Popen(
         [str(LAUNCH), "-n", str(ranks), sys.executable, str(REPO / "examples" / "train.py"),
          "--steps", "2000", "--sample-ms", "0.2", "--quiet"],
