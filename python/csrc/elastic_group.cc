@@ -39,6 +39,8 @@ ElasticGroup::ElasticGroup(const Options& options) : options_(options) {
         dispatcher_.emplace(*communicator, options.epoch_size, options.dispatch);
       }
     }
+    monitor_ =
+        std::make_unique<launcher::LoadMonitor>(launcher::LoadMonitor::fromConfig(config, -1));
     adopt(std::move(communicator));
   });
 }
@@ -190,7 +192,11 @@ std::vector<std::pair<uint64_t, uint64_t>> ElasticGroup::nextStep(size_t global_
 }
 
 void ElasticGroup::finishStep(double samples, double seconds) {
-  guardedCall([&] { mutableDispatcher("finish_step").finishStep(samples, seconds); });
+  guardedCall([&] {
+    auto& dispatcher = mutableDispatcher("finish_step");
+    const launcher::LoadMonitor::Sample load = monitor_->sample();
+    dispatcher.finishStep(samples, seconds, load.signals, load.energy_joules);
+  });
 }
 
 void ElasticGroup::commitStep() {

@@ -12,6 +12,7 @@
 
 #include "core/communicator.h"
 #include "core/dispatch/collective_dispatcher.h"
+#include "launcher/load_monitor.h"
 #include "python/csrc/process_group.h"
 
 namespace railshard::python {
@@ -70,7 +71,7 @@ class ElasticGroup {
   void close();
 
   // The dispatcher (InvalidArgument without one): CollectiveDispatcher's calls, run on the
-  // worker.
+  // worker. finishStep() adds this rank's load signals (launcher::LoadMonitor).
   std::vector<std::pair<uint64_t, uint64_t>> nextStep(size_t global_batch);
   void finishStep(double samples, double seconds);
   void commitStep();
@@ -94,6 +95,8 @@ class ElasticGroup {
   c10::intrusive_ptr<ProcessGroupRailshard> backend_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // torch 2.x: backend_ inside a named group
   std::optional<dispatch::CollectiveDispatcher> dispatcher_;
+  // This rank's load signals (CPU quota, memory, power), sent with every finishStep().
+  std::unique_ptr<launcher::LoadMonitor> monitor_;
   int rank_ = 0;
   int size_ = 1;
   int generation_ = 0;
