@@ -252,6 +252,12 @@ std::string quoteLine(const std::string& line) {
   return quoted;
 }
 
+// Whether a rank's last error line is railshard's report of a lost peer (PeerLostError).
+bool reportsLostPeer(const std::string& line) {
+  return line.find("PeerLostError") != std::string::npos ||
+         line.find("lost a peer") != std::string::npos;
+}
+
 // The supervision state machine; see runLocalJob().
 class Supervisor {
  public:
@@ -598,12 +604,18 @@ int runLocalJob(const LocalJobOptions& options) {
       }
     }
     if (child_ended) {
-      for (const size_t rank : ranks.reap()) {
-        Stream& out_stream = streams[2 * rank];
-        Stream& err_stream = streams[2 * rank + 1];
-        catchUp(out_stream);
-        catchUp(err_stream);
-        supervisor.onRankEnded(rank, err_stream.prefixer.lastLine());
+      std::vector<size_t> ended = ranks.reap();
+      for (const size_t rank : ended) {
+        catchUp(streams[2 * rank]);
+        catchUp(streams[2 * rank + 1]);
+      }
+      // Ranks that ended together (a loaded machine reaps them in one batch): the ones that
+      // only report losing a peer are the echo of another's failure, which is named first.
+      std::stable_partition(ended.begin(), ended.end(), [&](size_t rank) {
+        return !reportsLostPeer(streams[2 * rank + 1].prefixer.lastLine());
+      });
+      for (const size_t rank : ended) {
+        supervisor.onRankEnded(rank, streams[2 * rank + 1].prefixer.lastLine());
       }
       for (const size_t index : supervisor.takeRestarts()) {
         const size_t slot = slot_of[index];
