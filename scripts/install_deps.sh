@@ -18,6 +18,8 @@ packages=(
   python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest python3-venv
   chromium  # railshard-report --html is rendered headless in a test (ReportRender)
   prometheus  # a real Prometheus server scrapes a job in tests/python/test_prometheus.py
+  # benchmarks/testbed/rdma/: a Debian guest with Soft-RoCE under qemu (the RDMA suite)
+  debootstrap qemu-system-x86 cpio e2fsprogs
 )
 
 missing=()

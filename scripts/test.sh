@@ -22,6 +22,10 @@ if suite_venv=$("$root/scripts/torch_venv.sh" --system-torch); then
 else
   echo "test.sh: no venv for torch 1.13's test base (see above); that test will skip" >&2
 fi
+# The RDMA suite's qemu guest (Debian packages, cached outside the checkout; built once).
+if ! "$root/benchmarks/testbed/rdma/guest.sh" build; then
+  echo "test.sh: no RDMA guest image (see above): RdmaGuest.SuiteOverSoftRoce will skip" >&2
+fi
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 600) || status=1
 
 if [ "${RAILSHARD_SKIP_TORCH2:-0}" = "1" ]; then

@@ -22,7 +22,8 @@
 // --rails 1: print the transport's rails to the next rank at the end, one line each:
 //   "rail NAME up=U gbps=G fraction=F bytes=B"
 // Every rank prints "rank R of N ok after I allreduces over T, topology H with K host(s),
-// generation G, last algorithm A" on success; every error is printed with its class name.
+// generation G, last algorithm A" on success (T: shm, tcp, ibverbs, or "shm per host and tcp"
+// or "... and ibverbs"); every error is printed with its class name.
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -202,14 +203,15 @@ int main(int argc, char** argv) {
       }
     }
     const auto* topology = comm->topology();
+    std::string over = "shm";
+    if (!comm->usesSharedMemory()) {
+      over = comm->transport().name();  // between hosts: "tcp" or "ibverbs"
+      if (comm->usesHostSharedMemory()) over = "shm per host and " + over;
+    }
     std::printf(
         "rank %d of %d ok after %d allreduces over %s, topology %s with %zu host(s), "
         "generation %d, last algorithm %s\n",
-        rank, size, options.iterations,
-        comm->usesSharedMemory()       ? "shm"
-        : comm->usesHostSharedMemory() ? "shm per host and tcp"
-                                       : "tcp",
-        topology ? topology->hash().c_str() : "none",
+        rank, size, options.iterations, over.c_str(), topology ? topology->hash().c_str() : "none",
         topology ? topology->hosts().size() : size_t{0}, comm->generation(),
         std::string(comm->lastAlgorithm()).c_str());
     std::fflush(stdout);

@@ -69,8 +69,8 @@ std::string describeRdma(const std::string& hca_filter, int gid_index) {
     out << "RDMA: unavailable: " << found.why_none << "\n";
   } else {
     out << "RDMA: usable, " << found.ports.size()
-        << " rail(s); used between hosts with RAILSHARD_TRANSPORT=auto or ibverbs (never run on "
-           "RDMA hardware yet: docs/rdma.md)\n";
+        << " rail(s); used between hosts with RAILSHARD_TRANSPORT=auto or ibverbs (run on "
+           "Soft-RoCE, not yet on RDMA hardware: docs/rdma.md)\n";
   }
   return out.str();
 }
@@ -116,7 +116,7 @@ std::unique_ptr<Transport> wrapWithIbverbs(Store& store, const FactoryOptions& o
     rails += (rails.empty() ? "" : ", ") + port.device + ":" + std::to_string(port.port) + " (" +
              (port.infiniband ? "InfiniBand" : "RoCE, " + port.gid_reason) + ")";
   }
-  RS_LOG_INFO("rank {}: RDMA over {} (this code has not yet run on RDMA hardware: docs/rdma.md)",
+  RS_LOG_INFO("rank {}: RDMA over {} (run on Soft-RoCE, not yet on RDMA hardware: docs/rdma.md)",
               options.rank, rails);
   return std::make_unique<IbverbsTransport>(store, *VerbsApi::get(), options, found.ports,
                                             std::move(rdma_peers), std::move(control));

@@ -1,0 +1,280 @@
+// The RDMA transport over a real kernel verbs stack: Soft-RoCE (rdma_rxe) devices of emulated
+// hosts inside the qemu guest of benchmarks/testbed/rdma/ (this machine's kernel has no
+// InfiniBand support). The real libibverbs and its rxe provider, real queue pairs, real
+// packets over veth rails; ranks are threads of this process, each opening its own host's rxe
+// devices (Config::ib_hca), so every byte between two ranks crosses a veth as RoCE v2.
+//
+// RAILSHARD_TEST_RXE lists each host's devices, hosts separated by ';' and rails by ','
+// ("h0r0,h0r1;h1r0,h1r1;h2r0,h2r1"); benchmarks/testbed/rdma/suite.sh sets it after
+// `rxe_hosts.sh up`. Without it every test skips saying so. RAILSHARD_TEST_RXE_LINKS, the path
+// of rxe_hosts.sh, also allows the tests that take a host's rail down and up again with its
+// `link` command (they rewire the guest's links; never on a real host).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/memory_store.h"
+#include "core/communicator.h"
+#include "tests/collective_check.h"
+#include "tests/test_util.h"
+#include "transport/transport.h"
+
+namespace railshard {
+namespace {
+
+// Each host's rxe devices, from RAILSHARD_TEST_RXE.
+std::vector<std::vector<std::string>> rxeHosts() {
+  std::vector<std::vector<std::string>> hosts;
+  const char* value = std::getenv("RAILSHARD_TEST_RXE");
+  if (value == nullptr) return hosts;
+  std::string text = value;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(';', start), text.size());
+    std::vector<std::string> devices;
+    const std::string host = text.substr(start, end - start);
+    size_t at = 0;
+    while (at < host.size()) {
+      const size_t comma = std::min(host.find(',', at), host.size());
+      if (comma > at) devices.push_back(host.substr(at, comma - at));
+      at = comma + 1;
+    }
+    if (!devices.empty()) hosts.push_back(devices);
+    start = end + 1;
+  }
+  return hosts;
+}
+
+std::string join(const std::vector<std::string>& parts, size_t count) {
+  std::string out;
+  for (size_t i = 0; i < count && i < parts.size(); ++i) out += (i ? "," : "") + parts[i];
+  return out;
+}
+
+class OverRxe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* links = std::getenv("RAILSHARD_TEST_RXE_LINKS");
+    if (links != nullptr) links_ = links;
+    hosts_ = rxeHosts();
+    if (hosts_.size() < 2) {
+      GTEST_SKIP() << "needs Soft-RoCE devices of at least two emulated hosts in "
+                      "RAILSHARD_TEST_RXE; this kernel has none: run "
+                      "benchmarks/testbed/rdma/suite.sh (a qemu guest with rdma_rxe)";
+    }
+  }
+
+  // The transport as a user runs it, with an ACK timeout the emulated CPU meets (rxe under
+  // qemu's CPU emulation answers in milliseconds, not microseconds) and a short retry budget
+  // so a dead rail is found in about a second.
+  static Config rxeConfig() {
+    Config config;
+    config.transport = TransportKind::kIbverbs;
+    config.timeout = std::chrono::seconds(120);
+    config.connect_timeout = std::chrono::seconds(60);
+    config.ib_timeout = 16;  // 4.096 us * 2^16 = 268 ms
+    config.ib_retry_cnt = 3;
+    return config;
+  }
+
+  // `size` ranks, rank r on host r with that host's first `rails` rxe devices.
+  std::vector<std::exception_ptr> withRanks(int size, size_t rails, const Config& config,
+                                            const std::function<void(Communicator&)>& body) {
+    MemoryStore store;
+    return test::runRanks(size, [&](int rank) {
+      Communicator::Options options;
+      options.rank = rank;
+      options.size = size;
+      options.config = config;
+      options.config.ib_hca = join(hosts_[rank], rails);
+      auto comm = Communicator::create(store, options);
+      body(*comm);
+    });
+  }
+
+  size_t rails() const {
+    size_t least = hosts_[0].size();
+    for (const auto& host : hosts_) least = std::min(least, host.size());
+    return least;
+  }
+
+  // Host `host`'s rail `rail` up or down (rxe_hosts.sh link: the veth, and its routes after).
+  void setLink(int host, int rail, const std::string& state) {
+    const auto result =
+        test::runProcess({links_, "link", std::to_string(host), std::to_string(rail), state});
+    EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  }
+
+  std::vector<std::vector<std::string>> hosts_;
+  std::string links_;
+};
+
+// Every lane of `comm` is a real rxe device of this rank's host and up; each device carried
+// bytes (a ring sends to one neighbour only, so not every lane does).
+void expectLanesOn(Communicator& comm, const std::vector<std::string>& devices, size_t rails) {
+  size_t lanes = 0;
+  std::vector<uint64_t> bytes(rails, 0);
+  for (const auto& rail : comm.transport().rails()) {
+    bool ours = false;
+    for (size_t i = 0; i < rails; ++i) {
+      if (rail.name != devices[i] + ":1") continue;
+      ours = true;
+      bytes[i] += rail.bytes_sent;
+    }
+    EXPECT_TRUE(ours) << "rank " << comm.rank() << ": lane " << rail.name;
+    EXPECT_TRUE(rail.up) << rail.name << ": " << rail.down_reason;
+    ++lanes;
+  }
+  EXPECT_EQ(lanes, rails * static_cast<size_t>(comm.size() - 1));
+  for (size_t i = 0; i < rails; ++i) EXPECT_GT(bytes[i], 0u) << devices[i] << " carried nothing";
+}
+
+const auto kAnyAlgorithm = [](const std::string&) {};
+
+// One `count`-float sum all-reduce of iteration `iteration`, every element checked against
+// the scalar sum over the ranks.
+void checkSum(Communicator& comm, size_t count, int iteration) {
+  std::vector<float> data(count);
+  const auto value = [&](int rank, size_t i) {
+    return static_cast<float>(rank + 1 + (i % 89) + iteration);
+  };
+  for (size_t i = 0; i < count; ++i) data[i] = value(comm.rank(), i);
+  comm.allreduce(data.data(), count, DataType::kFloat32, ReduceOp::kSum);
+  for (size_t i = 0; i < count; ++i) {
+    float expected = 0;
+    for (int r = 0; r < comm.size(); ++r) expected += value(r, i);
+    ASSERT_EQ(data[i], expected) << "iteration " << iteration << " element " << i;
+  }
+}
+
+void checkEveryCollective(Communicator& comm) {
+  test::checkEveryAllreduce(comm, {0, 1, 1000, 70000, 600000}, kAnyAlgorithm);
+  if (::testing::Test::HasFatalFailure()) return;
+  test::checkEveryReduceScatter(comm, {1, 5000, 70000});
+  if (::testing::Test::HasFatalFailure()) return;
+  test::checkEveryAllgather(comm, {1, 5000, 70000});
+  if (::testing::Test::HasFatalFailure()) return;
+  for (int root = 0; root < comm.size(); ++root) {
+    std::vector<int64_t> data(300000);
+    for (size_t i = 0; i < data.size(); ++i) {
+      data[i] = comm.rank() == root ? static_cast<int64_t>(i * 3 + root) : -1;
+    }
+    comm.broadcast(data.data(), data.size(), DataType::kInt64, root);
+    for (size_t i = 0; i < data.size(); ++i) {
+      ASSERT_EQ(data[i], static_cast<int64_t>(i * 3 + root)) << "broadcast element " << i;
+    }
+  }
+  comm.barrier();
+}
+
+TEST_F(OverRxe, EveryCollectiveAndDtypeIsExactBetweenTwoHostsOnOneRail) {
+  test::rethrowFirst(withRanks(2, 1, rxeConfig(), [&](Communicator& comm) {
+    ASSERT_EQ(comm.transport().name(), "ibverbs");
+    checkEveryCollective(comm);
+    if (HasFatalFailure()) return;
+    expectLanesOn(comm, hosts_[comm.rank()], 1);
+  }));
+}
+
+TEST_F(OverRxe, EveryCollectiveAndDtypeIsExactStripedOverTwoRails) {
+  if (rails() < 2) GTEST_SKIP() << "RAILSHARD_TEST_RXE gives each host one rail";
+  test::rethrowFirst(withRanks(2, 2, rxeConfig(), [&](Communicator& comm) {
+    checkEveryCollective(comm);
+    if (HasFatalFailure()) return;
+    expectLanesOn(comm, hosts_[comm.rank()], 2);
+  }));
+}
+
+TEST_F(OverRxe, ThreeHostsOnTwoRailsStayExact) {
+  if (hosts_.size() < 3) GTEST_SKIP() << "RAILSHARD_TEST_RXE lists two hosts";
+  const size_t lanes = std::min<size_t>(rails(), 2);
+  test::rethrowFirst(withRanks(3, lanes, rxeConfig(), [&](Communicator& comm) {
+    checkEveryCollective(comm);
+    if (HasFatalFailure()) return;
+    expectLanesOn(comm, hosts_[comm.rank()], lanes);
+  }));
+}
+
+TEST_F(OverRxe, RdmaAndTcpStripedTogetherStayExact) {
+  Config config = rxeConfig();
+  config.stripe_tcp = true;
+  test::rethrowFirst(withRanks(2, 1, config, [&](Communicator& comm) {
+    test::checkEveryAllreduce(comm, {1, 70000, 600000}, kAnyAlgorithm);
+    if (HasFatalFailure()) return;
+    bool tcp = false, rdma = false;
+    for (const auto& rail : comm.transport().rails()) {
+      (rail.name == hosts_[comm.rank()][0] + ":1" ? rdma : tcp) |= rail.bytes_sent > 0;
+    }
+    EXPECT_TRUE(rdma) << "no bytes over the rxe lane";
+    EXPECT_TRUE(tcp) << "no bytes over the TCP rail";
+  }));
+}
+
+// A veth taken down while all-reduces run: the rail's lanes fail (retry budget exceeded), their
+// pieces move to the other rail, every result stays exact; the rail reads down, with a reason.
+TEST_F(OverRxe, ARailTakenDownMidAllreduceMovesToTheOther) {
+  if (links_.empty()) GTEST_SKIP() << "RAILSHARD_TEST_RXE_LINKS (rxe_hosts.sh) is not set";
+  if (rails() < 2) GTEST_SKIP() << "RAILSHARD_TEST_RXE gives each host one rail";
+  std::atomic<int> done{0};
+  test::rethrowFirst(withRanks(2, 2, rxeConfig(), [&](Communicator& comm) {
+    std::thread cut;
+    if (comm.rank() == 0) {
+      cut = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        setLink(1, 1, "down");
+      });
+    }
+    for (int i = 0; i < 30 && !HasFatalFailure(); ++i) checkSum(comm, 1 << 20, i);
+    if (cut.joinable()) cut.join();
+    bool down = false;
+    for (const auto& rail : comm.transport().rails()) {
+      if (!rail.up) {
+        down = true;
+        EXPECT_FALSE(rail.down_reason.empty()) << rail.name;
+      }
+    }
+    EXPECT_TRUE(down) << "rank " << comm.rank() << ": both rails still up after the cut";
+    ++done;
+  }));
+  setLink(1, 1, "up");
+  EXPECT_EQ(done.load(), 2);
+}
+
+// Every rail of one host down: no rail is left, both ranks raise PeerLostError naming the RDMA
+// rail, within the retry budget and the collective deadline (rank 1 sees its port go down
+// first, so rank 0's error is often rank 1's report: "lost a peer: rank 1: lost rank 0: RDMA
+// rail h1r0:1 ...").
+TEST_F(OverRxe, EveryRailDownIsPeerLostErrorNamingTheRailOnBothRanks) {
+  if (links_.empty()) GTEST_SKIP() << "RAILSHARD_TEST_RXE_LINKS (rxe_hosts.sh) is not set";
+  Config config = rxeConfig();
+  config.timeout = std::chrono::seconds(30);
+  const auto errors = withRanks(2, 1, config, [&](Communicator& comm) {
+    checkSum(comm, 70000, 0);
+    comm.barrier();
+    if (comm.rank() == 0) setLink(1, 0, "down");
+    comm.barrier();
+    for (int i = 1; i < 50; ++i) checkSum(comm, 1 << 20, i);
+  });
+  setLink(1, 0, "up");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " finished with its peer's rail down";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const PeerLostError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("lost rank "), std::string::npos) << what;
+      EXPECT_NE(what.find("RDMA rail h"), std::string::npos) << what;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": not a PeerLostError: " << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace railshard
