@@ -19,7 +19,7 @@ packages=(
   chromium  # railshard-report --html is rendered headless in a test (ReportRender)
   prometheus  # a real Prometheus server scrapes a job in tests/python/test_prometheus.py
   # benchmarks/testbed/rdma/: a Debian guest with Soft-RoCE under qemu (the RDMA suite)
-  debootstrap qemu-system-x86 cpio e2fsprogs
+  debootstrap debian-archive-keyring qemu-system-x86 cpio e2fsprogs
 )
 
 missing=()
