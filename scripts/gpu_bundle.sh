@@ -12,7 +12,7 @@ rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib"
 bins=(tests/cuda_kernels_test tests/device_staging_test tests/communicator_device_test
       tests/load_probe kernels/cuda_kernels_bench benchmarks/allreduce_perf
-      launcher/tools/railshard-launch)
+      launcher/tools/railshard-launch launcher/tools/railshard-topo)
 for b in "${bins[@]}"; do
   [ -x "$build/$b" ] || { echo "gpu_bundle: $build/$b is not built" >&2; exit 1; }
   cp "$build/$b" "$dest/bin/"

@@ -10,6 +10,11 @@
 #      CUDA torch is found (RAILSHARD_PYTHON picks it).
 #   5. the load signals a rank reports on a GPU (NVML utilisation, memory, power, energy)
 #      while the GPU computes (tests/programs/load_probe).
+#   6. where the machine also has an RDMA device: what the transport sees (railshard-topo
+#      --rdma), the peer-memory module, and 2 ranks forced over RDMA (RAILSHARD_TRANSPORT=
+#      ibverbs; on one host the traffic loops through the HCA) with host and with device
+#      buffers -- GPUDirect where nvidia_peermem or dmabuf allows, else staged, as the log says
+#      (docs/rdma.md). Skipped, saying so, without /sys/class/infiniband devices.
 # Usage: scripts/gpu_check.sh [BUILD_DIR] ; results go to $OUT (default ./gpu-check-out).
 #        scripts/gpu_check.sh --bundle DIR: run what scripts/gpu_bundle.sh packed (built
 #        elsewhere, for a GPU machine that cannot build railshard) instead of building.
@@ -54,6 +59,24 @@ torch.cuda.synchronize()' &
   "$probe" 0 3 1000
 }
 
+# RDMA beside the GPU (step 6): rdmaCheck LAUNCH TOPO PERF...
+rdmaCheck() {
+  local launch=$1 topo=$2
+  shift 2
+  if ! ls /sys/class/infiniband/*/ports/*/state >/dev/null 2>&1; then
+    echo "gpu_check: rdma: skipped: no RDMA device (/sys/class/infiniband has none)" |
+      tee -a "$out/summary.txt"
+    return
+  fi
+  step rdma_topo 60 "$topo" --rdma
+  step rdma_peer_memory 10 sh -c 'lsmod | grep -e nvidia_peermem -e nv_peer_mem ||
+    echo "no peer-memory module: dmabuf registration (kernel >= 5.12, driver >= 515) or staged"'
+  step allreduce_rdma_host_2ranks 300 env RAILSHARD_TRANSPORT=ibverbs RAILSHARD_LOG_LEVEL=info \
+    "$launch" -n 2 -- "$@" --device host
+  step allreduce_rdma_device_2ranks 300 env RAILSHARD_TRANSPORT=ibverbs RAILSHARD_LOG_LEVEL=info \
+    "$launch" -n 2 -- "$@" --device cuda -J "$out/allreduce_rdma_device_2ranks.json"
+}
+
 if [ -n "$bundle" ]; then
   export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   b=$bundle/bin
@@ -67,6 +90,7 @@ if [ -n "$bundle" ]; then
   step allreduce_device_2ranks 300 "$b/railshard-launch" -n 2 -- "${perf[@]}" --device cuda \
     -J "$out/allreduce_device_2ranks.json"
   step allreduce_host_2ranks 300 "$b/railshard-launch" -n 2 -- "${perf[@]}" --device host
+  rdmaCheck "$b/railshard-launch" "$b/railshard-topo" "${perf[@]}"
   cat "$out/summary.txt"
   exit $status
 fi
@@ -77,8 +101,8 @@ if "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 fi
 step configure 300 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DRAILSHARD_WITH_CUDA=ON "${torch_opts[@]}"
-targets=(railshard railshard-launch allreduce_perf cuda_kernels_test cuda_kernels_bench
-  device_staging_test)
+targets=(railshard railshard-launch railshard-topo allreduce_perf cuda_kernels_test
+  cuda_kernels_bench device_staging_test)
 [ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ] && targets+=(railshard_torch)
 step build 900 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
@@ -97,6 +121,8 @@ if [ "$gpus" -ge 2 ]; then
   step allreduce_hierarchical_2ranks 300 env RAILSHARD_NCCL=auto "$launch" -n 2 -- \
     "${perf[@]}" --device cuda
 fi
+
+rdmaCheck "$launch" "$build/launcher/tools/railshard-topo" "${perf[@]}"
 
 if [ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ]; then
   step torch_cuda 600 env RAILSHARD_BUILD_PYTHON="$build/python" RAILSHARD_REQUIRE_MODULE=1 \
