@@ -64,7 +64,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void abort(std::exception_ptr error, bool tell_peers) override;
   void checkHealthy() const override;
   std::vector<RailStatus> rails() const override;
-  std::vector<LostPeer> lostPeers() const override { return control_->lostPeers(); }
+  // The control transport's lost peers, and the peers whose every RDMA lane failed (their TCP
+  // connection may still be up, but no collective can reach them: shrink() leaves them out).
+  std::vector<LostPeer> lostPeers() const override;
   // Peers on RDMA are looked at in this transport's books, the others in control_'s; polled
   // (a receive from any source is rare, and no arrival here wakes a sleeper).
   int awaitArrival(const std::vector<int>& peers,
@@ -152,6 +154,7 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   // poison it. After it is set no user buffer is read or written.
   std::atomic<bool> poisoned_{false};
   std::vector<std::pair<ErrorKind, std::string>> pending_failures_;  // guarded by mutex_
+  std::vector<LostPeer> rdma_lost_;  // peers with no RDMA lane left; guarded by mutex_
   mutable std::mutex state_mutex_;
   std::condition_variable state_changed_;
   std::mutex listener_mutex_;

@@ -245,6 +245,9 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
   if (failOverLocked(lane, what)) return;
   const std::string message = "rank " + std::to_string(options_.rank) + ": lost rank " +
                               std::to_string(lane.peer) + ": " + what;
+  const bool known = std::any_of(rdma_lost_.begin(), rdma_lost_.end(),
+                                 [&](const LostPeer& lost) { return lost.rank == lane.peer; });
+  if (!known) rdma_lost_.push_back(LostPeer{lane.peer, what});
   if (peer.busy()) {
     failLocked(ErrorKind::kPeerLost, message);
   } else if (peer.idle_failure.empty()) {
@@ -252,6 +255,17 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
                  message);
     peer.idle_failure = message;
   }
+}
+
+std::vector<LostPeer> IbverbsTransport::lostPeers() const {
+  std::vector<LostPeer> lost = control_->lostPeers();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const LostPeer& peer : rdma_lost_) {
+    const bool known = std::any_of(lost.begin(), lost.end(),
+                                   [&](const LostPeer& other) { return other.rank == peer.rank; });
+    if (!known) lost.push_back(peer);
+  }
+  return lost;
 }
 
 bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
