@@ -50,7 +50,18 @@ rdma link
 export RAILSHARD_CONNECT_TIMEOUT=60
 
 # 1. The transport's tests over real verbs (threads as ranks, each on its own host's devices).
-step "rdma_rxe_test" env RAILSHARD_TEST_RXE="$("$hosts" devices 0);$("$hosts" devices 1);$("$hosts" devices 2)" \
+# In the guest none may skip: a skip here means the devices were not found.
+no_skips() {
+  local log=/tmp/rdma_rxe_test.log rc
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || return "$rc"
+  if grep -q '^\[  SKIPPED \]' "$log"; then
+    echo "rdma suite: tests skipped inside the guest (see above)"
+    return 1
+  fi
+}
+step "rdma_rxe_test" no_skips env RAILSHARD_TEST_RXE="$("$hosts" devices 0);$("$hosts" devices 1);$("$hosts" devices 2)" \
   RAILSHARD_TEST_RXE_LINKS="$hosts" "$build/tests/rdma_rxe_test"
 
 # 2. Separate processes, one network, UTS and mount namespace (host name, /dev/shm) per host.
