@@ -173,6 +173,13 @@ const std::vector<Config::Variable>& Config::variables() {
          }
          c.ib_slot_bytes = bytes;
        }},
+      {"RAILSHARD_IB_RENDEZVOUS", "512K",
+       "RDMA messages from host memory of this size or more are read by the receiver straight "
+       "from the sender's buffer into its own (zero-copy; both registered for the message); "
+       "smaller ones are copied through the ring slots. 0 or off: always the slots.",
+       [](Config& c, const std::string& v) {
+         c.ib_rendezvous = v == "off" ? 0 : parseBytes("RAILSHARD_IB_RENDEZVOUS", v);
+       }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "

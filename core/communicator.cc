@@ -75,6 +75,7 @@ transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& o
   ib.ib_retry_cnt = config.ib_retry_cnt;
   ib.slots = config.ib_slots;
   ib.slot_bytes = config.ib_slot_bytes;
+  ib.rendezvous_bytes = config.ib_rendezvous;
   ib.rail_weights = config.rail_weights;
   ib.stripe_tcp = config.stripe_tcp;
   return ib;

@@ -32,6 +32,7 @@ LaneInfo sampleInfo() {
   info.link_layer = IBV_LINK_LAYER_ETHERNET;
   info.gid_index = 3;
   info.lid = 0;
+  info.rd_atomic = 5;
   info.qpn = 0x1234;
   info.psn = 0xabcdef;
   for (size_t i = 0; i < 16; ++i) info.gid[i] = static_cast<uint8_t>(i * 7);
@@ -53,6 +54,7 @@ TEST(LaneInfo, RoundTripsEveryField) {
   EXPECT_EQ(out.mtu, in.mtu);
   EXPECT_EQ(out.link_layer, in.link_layer);
   EXPECT_EQ(out.gid_index, in.gid_index);
+  EXPECT_EQ(out.rd_atomic, in.rd_atomic);
   EXPECT_EQ(out.qpn, in.qpn);
   EXPECT_EQ(out.psn, in.psn);
   EXPECT_EQ(out.gid, in.gid);
@@ -110,13 +112,39 @@ TEST(LaneInfo, RejectsEachBadFieldByName) {
 
 TEST(Immediate, EncodesKindAndValue) {
   for (uint32_t value : {0u, 1u, 4095u, 0xffffffu}) {
-    for (ImmKind kind : {ImmKind::kData, ImmKind::kCredit}) {
+    for (ImmKind kind : {ImmKind::kData, ImmKind::kCredit, ImmKind::kFin}) {
       const Immediate out = decodeImmediate(encodeImmediate(Immediate{kind, value}));
       EXPECT_EQ(out.kind, kind);
       EXPECT_EQ(out.value, value);
     }
   }
   EXPECT_THROW(decodeImmediate(0x05000001u), ProtocolError);
+}
+
+TEST(ReadDescriptor, RoundTripsAndRejectsWhatDoesNotFitThePair) {
+  ReadDescriptor in;
+  in.addr = 0x7f00123456789000ull;
+  in.rkeys = {0x11223344u, 0xa5a5a5a5u};
+  const std::vector<uint8_t> bytes = in.encode();
+  ASSERT_EQ(bytes.size(), ReadDescriptor::encodedBytes(2));
+  const ReadDescriptor out = ReadDescriptor::decode(bytes.data(), bytes.size(), 2);
+  EXPECT_EQ(out.addr, in.addr);
+  EXPECT_EQ(out.rkeys, in.rkeys);
+  auto expectRejected = [](const std::vector<uint8_t>& b, size_t rails, const std::string& what) {
+    try {
+      ReadDescriptor::decode(b.data(), b.size(), rails);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expectRejected(bytes, 3, "of 20 bytes (expected 24 for 3 rails)");
+  std::vector<uint8_t> three = bytes;
+  three[8] = 3;  // claims three rkeys in the room of two
+  expectRejected(three, 2, "for 3 rails on a pair of 2");
+  ReadDescriptor null_addr = in;
+  null_addr.addr = 0;
+  expectRejected(null_addr.encode(), 2, "null address");
 }
 
 TEST(SendWindow, SlotsNeedCreditAndFreeStaging) {
@@ -329,7 +357,8 @@ TEST(QpParams, TransitionsCarryTheRequiredAttributes) {
   EXPECT_EQ(init.attr.qp_state, IBV_QPS_INIT);
   EXPECT_EQ(init.mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   EXPECT_TRUE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE);
-  EXPECT_FALSE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ);
+  EXPECT_TRUE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ);  // the rendezvous
+  EXPECT_FALSE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC);
 
   // RoCE: global route to the peer's GID from our GID index; MTU the smaller of the two.
   const QpTransition rtr = rtrTransition(local, remote, timing);
@@ -350,7 +379,17 @@ TEST(QpParams, TransitionsCarryTheRequiredAttributes) {
   EXPECT_EQ(ib.attr.ah_attr.is_global, 0);
   EXPECT_EQ(ib.attr.ah_attr.dlid, 17);
 
-  const QpTransition rts = rtsTransition(local, timing);
+  // Reads: we serve as many as we said; we issue as many as both ends allow.
+  local.rd_atomic = 8;
+  remote.rd_atomic = 4;
+  EXPECT_EQ(rtrTransition(local, remote, timing).attr.max_dest_rd_atomic, 8);
+  EXPECT_EQ(rtsTransition(local, remote, timing).attr.max_rd_atomic, 4);
+  EXPECT_EQ(readDepth(local, remote), 4);
+  remote.rd_atomic = 0;  // a peer that never reads: none issued, the QP still valid
+  EXPECT_EQ(readDepth(local, remote), 0);
+  EXPECT_EQ(rtsTransition(local, remote, timing).attr.max_rd_atomic, 1);
+
+  const QpTransition rts = rtsTransition(local, remote, timing);
   EXPECT_EQ(rts.attr.qp_state, IBV_QPS_RTS);
   EXPECT_EQ(rts.attr.sq_psn, local.psn);
   EXPECT_EQ(rts.attr.timeout, 14);

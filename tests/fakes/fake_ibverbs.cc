@@ -16,7 +16,8 @@
 // event per arm, flush semantics after an error), so a protocol that passes here has its verbs
 // usage checked, not its performance.
 //
-// Emulated: RC QPs only; opcodes IBV_WR_RDMA_WRITE and IBV_WR_RDMA_WRITE_WITH_IMM; one port per
+// Emulated: RC QPs only; opcodes IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM and
+// IBV_WR_RDMA_READ (max_rd_atomic and max_dest_rd_atomic must be set, not counted); one port per
 // device (port 1, InfiniBand link layer, LID = device index + 1, GID fe80::<index+1>, 4X EDR i.e.
 // 4 lanes x 25 Gb/s = 100 Gb/s). Devices "fake0".."fakeN-1", N from FAKE_IBVERBS_DEVICES
 // (default 2); FAKE_IBVERBS_PORT_DOWN=fake1[,fake2...] reports those ports as DOWN.
@@ -380,7 +381,7 @@ void completeSend(Qp& qp, const SendWr& wr, ibv_wc_status status) {
   Completion c;
   c.wc_.wr_id = wr.wr_id_;
   c.wc_.status = status;
-  c.wc_.opcode = IBV_WC_RDMA_WRITE;
+  c.wc_.opcode = wr.opcode_ == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
   c.wc_.byte_len = static_cast<uint32_t>(wr.length_);
   c.wc_.qp_num = qp.pub_.qp_num;
   c.is_send_ = true;
@@ -454,11 +455,13 @@ void executeFront(Qp& qp) {
       auto it = s.mr_by_lkey_.find(sge.lkey);
       const Mr* mr = it == s.mr_by_lkey_.end() ? nullptr : it->second;
       const auto begin = reinterpret_cast<uintptr_t>(mr ? mr->pub_.addr : nullptr);
+      const bool read = wr.opcode_ == IBV_WR_RDMA_READ;
       if (mr == nullptr || mr->pd_ != qp.pd_ || sge.addr < begin ||
-          sge.addr + sge.length > begin + mr->pub_.length) {
+          sge.addr + sge.length > begin + mr->pub_.length ||
+          (read && !(mr->access_ & IBV_ACCESS_LOCAL_WRITE))) {
         setError(
             "QP %u wr_id %llu: local sge [0x%llx, +%u) lkey 0x%x is not inside an MR of the "
-            "QP's PD",
+            "QP's PD (with IBV_ACCESS_LOCAL_WRITE for a read)",
             qpn, static_cast<unsigned long long>(wr.wr_id_),
             static_cast<unsigned long long>(sge.addr), sge.length, sge.lkey);
         failSend(qp, wr, IBV_WC_LOC_PROT_ERR, nullptr);
@@ -488,28 +491,34 @@ void executeFront(Qp& qp) {
     return;
   }
 
-  // Remote range: inside an MR of the responder's PD, by rkey, with remote write allowed on
-  // both the MR and the responder QP. Zero-length writes touch no memory and are not checked.
+  // Remote range: inside an MR of the responder's PD, by rkey, with remote write (read)
+  // allowed on both the MR and the responder QP. Zero-length writes touch no memory and are
+  // not checked.
+  const bool read = wr.opcode_ == IBV_WR_RDMA_READ;
+  const int remote_access = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
   char* target = nullptr;
   if (wr.length_ > 0) {
     auto it = s.mr_by_rkey_.find(wr.rkey_);
     const Mr* mr = it == s.mr_by_rkey_.end() ? nullptr : it->second;
     const char* why = nullptr;
-    if (!(dest->attr_.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
-      why = "the responder QP lacks IBV_ACCESS_REMOTE_WRITE";
+    if (!(dest->attr_.qp_access_flags & remote_access)) {
+      why = read ? "the responder QP lacks IBV_ACCESS_REMOTE_READ"
+                 : "the responder QP lacks IBV_ACCESS_REMOTE_WRITE";
+    } else if (read && (qp.attr_.max_rd_atomic == 0 || dest->attr_.max_dest_rd_atomic == 0)) {
+      why = "max_rd_atomic (requester) or max_dest_rd_atomic (responder) is 0";
     } else if (mr == nullptr) {
       why = "no MR has this rkey";
     } else if (mr->pd_ != dest->pd_) {
       why = "the MR belongs to another PD than the responder QP";
-    } else if (!(mr->access_ & IBV_ACCESS_REMOTE_WRITE)) {
-      why = "the MR lacks IBV_ACCESS_REMOTE_WRITE";
+    } else if (!(mr->access_ & remote_access)) {
+      why = read ? "the MR lacks IBV_ACCESS_REMOTE_READ" : "the MR lacks IBV_ACCESS_REMOTE_WRITE";
     } else if (wr.remote_addr_ < mr->iova_ || wr.length_ > mr->pub_.length ||
                wr.remote_addr_ - mr->iova_ > mr->pub_.length - wr.length_) {
       why = "the range is outside the MR";
     }
     if (why != nullptr) {
-      setError("QP %u wr_id %llu: remote write [0x%llx, +%llu) rkey 0x%x rejected: %s", qpn,
-               static_cast<unsigned long long>(wr.wr_id_),
+      setError("QP %u wr_id %llu: remote %s [0x%llx, +%llu) rkey 0x%x rejected: %s", qpn,
+               static_cast<unsigned long long>(wr.wr_id_), read ? "read" : "write",
                static_cast<unsigned long long>(wr.remote_addr_),
                static_cast<unsigned long long>(wr.length_), wr.rkey_, why);
       failSend(qp, wr, IBV_WC_REM_ACCESS_ERR, nullptr);
@@ -534,7 +543,14 @@ void executeFront(Qp& qp) {
   }
 
   // The transfer. memmove: loopback QPs may write within one buffer.
-  if (wr.inline_) {
+  if (read) {
+    uint64_t offset = 0;
+    for (const ibv_sge& sge : wr.sges_) {
+      if (sge.length == 0) continue;
+      std::memmove(reinterpret_cast<void*>(sge.addr), target + offset, sge.length);
+      offset += sge.length;
+    }
+  } else if (wr.inline_) {
     if (wr.length_ > 0) std::memmove(target, wr.inline_data_.data(), wr.length_);
   } else {
     uint64_t offset = 0;
@@ -626,9 +642,14 @@ int fakePostSend(ibv_qp* pub, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       setError("ibv_post_send: QP %u is not in RTS", pub->qp_num);
       return reject(wr, EINVAL);
     }
-    if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
-      setError("ibv_post_send: opcode %d is not emulated (RDMA_WRITE[_WITH_IMM] only)",
+    if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+        wr->opcode != IBV_WR_RDMA_READ) {
+      setError("ibv_post_send: opcode %d is not emulated (RDMA_WRITE[_WITH_IMM], RDMA_READ)",
                static_cast<int>(wr->opcode));
+      return reject(wr, EINVAL);
+    }
+    if (wr->opcode == IBV_WR_RDMA_READ && (wr->send_flags & IBV_SEND_INLINE)) {
+      setError("ibv_post_send: an RDMA read cannot be inline");
       return reject(wr, EINVAL);
     }
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap_.max_send_sge ||

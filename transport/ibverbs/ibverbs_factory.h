@@ -31,6 +31,9 @@ struct FactoryOptions {
   int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
   size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   RailWeights rail_weights = RailWeights::kAdaptive;
+  // RAILSHARD_IB_RENDEZVOUS: host messages of this many bytes or more are read in place by the
+  // receiver (zero-copy); 0 = every message through the staging slots.
+  size_t rendezvous_bytes = 512 << 10;
   // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
   // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
   bool stripe_tcp = false;

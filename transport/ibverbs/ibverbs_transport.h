@@ -47,6 +47,7 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   struct Peer;
   struct SendOp;
   struct RecvOp;
+  struct ReadOp;
   struct TcpLanding;
 
   // Opens the rails and connects every RDMA pair (collective over all ranks).
@@ -94,6 +95,21 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
+  // ibverbs_transport_rendezvous.cc: large host messages read in place (zero-copy).
+  // Whether `op` goes by rendezvous; if so registers its buffer and builds its one piece.
+  bool prepareRendezvousLocked(Peer& peer, SendOp& op);
+  // The read descriptor arrived (`piece`: its header and payload, from a lane's slot).
+  void onRendezvousLocked(Lane& lane, const PieceHeader& header, const uint8_t* payload);
+  void pumpReadsLocked(Peer& peer);
+  void onReadDoneLocked(Lane& lane, uint32_t slot);
+  void pumpFinsLocked(Peer& peer);
+  void onFinLocked(Peer& peer, uint32_t value);
+  // The send's every part is done (pieces acknowledged; for a rendezvous, the peer's kFin).
+  void maybeSendDoneLocked(const std::shared_ptr<SendOp>& op);
+  // Moves a failed lane's reads and kFins to the peer's other lanes.
+  void failOverReadsLocked(Lane& lane);
+  // Deregisters every rendezvous registration (after a failure, or at teardown).
+  void dropRendezvousLocked();
   // ibverbs_transport_progress.cc
   void progressLoop();
   bool pollCompletions();
@@ -127,12 +143,14 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   // Copies between a (host or device) user buffer and host memory; false after failLocked().
   bool copyOutLocked(const SendOp& op, uint8_t* host, size_t offset, size_t length);
   bool copyInLocked(const RecvOp& op, size_t offset, const uint8_t* host, size_t length);
-  // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged on a lane.
-  void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns);
+  // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged (or read) on a lane.
+  void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns,
+                       const char* name = "rdma_write");
 
   const VerbsApi& api_;
   const CudaDriver* cuda_ = nullptr;  // null without an NVIDIA driver: every buffer is host
   bool staging_logged_ = false;       // "GPUDirect unavailable" is said once
+  bool rendezvous_logged_ = false;    // "cannot register a send buffer" is said once
   FactoryOptions options_;
   QpTiming timing_;
   std::unique_ptr<Transport> control_;

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +150,11 @@ void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
       Rail& r = *rails_.back();
       r.pd = api_.alloc_pd(r.context);
       if (r.pd == nullptr) throw Error("ibverbs: ibv_alloc_pd on " + where + " failed");
+      ibv_device_attr attr{};
+      if (options_.rendezvous_bytes > 0 && api_.query_device(r.context, &attr) == 0) {
+        r.rd_atomic = static_cast<uint8_t>(
+            std::min({kMaxReadDepth, attr.max_qp_rd_atom, attr.max_qp_init_rd_atom}));
+      }
       r.channel = api_.create_comp_channel(r.context);
       if (r.channel == nullptr) {
         throw Error("ibverbs: ibv_create_comp_channel on " + where + " failed");
@@ -206,6 +212,7 @@ void IbverbsTransport::connectLanes(Store& store) {
           rail.port.infiniband ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
       lane->local.gid_index = static_cast<uint8_t>(rail.port.gid_index);
       lane->local.lid = rail.port.lid;
+      lane->local.rd_atomic = rail.rd_atomic;
       lane->local.gid = rail.port.gid;
       lane->local.psn = random() & 0xffffffu;
       lane->local.ring_addr = reinterpret_cast<uint64_t>(lane->recv_ring.data);
@@ -261,6 +268,7 @@ void IbverbsTransport::connectLanes(Store& store) {
                            IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
     lane->send.emplace(lane->remote.slots);
     lane->in_flight.resize(lane->remote.slots);
+    lane->reads.resize(static_cast<size_t>(readDepth(lane->local, lane->remote)));
     moveToRts(*lane);
   }
   // Nobody writes before every queue pair it writes to is ready to receive.
@@ -321,7 +329,7 @@ void IbverbsTransport::moveToRts(Lane& lane) {
                 std::to_string(lane.remote.lid) + ", mtu " +
                 std::to_string(static_cast<int>(rtr.attr.path_mtu)) + ")");
   }
-  QpTransition rts = rtsTransition(lane.local, timing_);
+  QpTransition rts = rtsTransition(lane.local, lane.remote, timing_);
   if (const int rc = api_.modify_qp(lane.qp, &rts.attr, rts.mask); rc != 0) {
     throw Error("ibverbs: " + laneName(lane) + ": RTR->RTS failed: " + errnoText(rc));
   }
@@ -344,6 +352,11 @@ void IbverbsTransport::teardown() {
   for (auto& lane : lanes_) {
     if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
     lane->qp = nullptr;
+  }
+  // User memory registered for rendezvous messages still pending (a failure, or a transport
+  // closed with requests outstanding): before the protection domains go.
+  dropRendezvousLocked();
+  for (auto& lane : lanes_) {
     freeRegistered(api_, lane->recv_ring);
     freeRegistered(api_, lane->send_ring);
   }

@@ -32,8 +32,12 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   const auto rails = static_cast<size_t>(peer->scheduler->rails());  // lanes, then TCP
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
+  // A rendezvous is one piece, the read descriptor, on the fastest rail up; the receiver
+  // stripes its reads.
+  const bool rendezvous = bytes > 0 && prepareRendezvousLocked(*peer, *op);
   // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
-  const std::vector<rails::Piece> pieces = peer->scheduler->split(bytes);
+  std::vector<rails::Piece> pieces = peer->scheduler->split(rendezvous ? 0 : bytes);
+  if (rendezvous) pieces.front().length = op->descriptor.size();
   for (const auto& piece : pieces) {
     if (piece.rail == peer->tcp_rail) {
       // One piece: the TCP transport cuts it for its own rails.
@@ -129,6 +133,11 @@ void IbverbsTransport::pumpLocked(Peer& peer) {
   // one is waiting for.
   std::vector<bool> blocked(peer.lanes.size(), false);
   for (auto& op : peer.sending) {
+    if (op->rendezvous && op->unposted > 0 && !peer.awaiting_fin.contains(finValue(op->message))) {
+      // The peer's kFin writes must find receives posted: a few offers at a time.
+      if (peer.awaiting_fin.size() >= kMaxRendezvousInFlight) break;
+      peer.awaiting_fin.emplace(finValue(op->message), op);
+    }
     for (size_t r = 0; r < peer.lanes.size(); ++r) {
       auto& chunks = op->per_rail[r];
       Lane& lane = *peer.lanes[r];
@@ -176,7 +185,11 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   const auto slot = static_cast<uint32_t>((lane.send->written() - 1) % lane.remote.slots);
   uint8_t* base = lane.send_ring.data + size_t{slot} * lane.remote.slot_bytes;
   PieceHeader header;
-  if (resend) header.magic = PieceHeader::kMagicResend;
+  if (op.rendezvous) {
+    header.magic = resend ? PieceHeader::kMagicRendezvousResend : PieceHeader::kMagicRendezvous;
+  } else if (resend) {
+    header.magic = PieceHeader::kMagicResend;
+  }
   header.length = static_cast<uint32_t>(length);
   header.message = op.message;
   header.offset = offset;
@@ -195,6 +208,9 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
     sge[1].length = static_cast<uint32_t>(length);
     sge[1].lkey = lease->lkey;
     num_sge = 2;
+  } else if (op.rendezvous) {
+    std::memcpy(base + kHeaderBytes, op.descriptor.data(), length);
+    sge[0].length = static_cast<uint32_t>(kHeaderBytes + length);
   } else {
     if (length > 0 && !copyOutLocked(op, base + kHeaderBytes, offset, length)) return;
     sge[0].length = static_cast<uint32_t>(kHeaderBytes + length);
@@ -219,7 +235,7 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   }
   ++lane.send_outstanding;
   ++op.outstanding;
-  lane.bytes_sent += length;
+  if (!op.rendezvous) lane.bytes_sent += length;
 }
 
 void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len) {
@@ -237,7 +253,9 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   // Everything in the header is checked before a byte of it is used.
   std::string problem;
   const bool resent = header.magic == PieceHeader::kMagicResend;
-  if (header.magic != PieceHeader::kMagic && !resent) {
+  const bool rendezvous = header.magic == PieceHeader::kMagicRendezvous ||
+                          header.magic == PieceHeader::kMagicRendezvousResend;
+  if (header.magic != PieceHeader::kMagic && !resent && !rendezvous) {
     problem = "a piece without the header magic";
   } else if (byte_len != kHeaderBytes + header.length) {
     problem = "a write of " + std::to_string(byte_len) + " bytes for a piece of " +
@@ -249,6 +267,12 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   if (!problem.empty()) {
     failLocked(ErrorKind::kProtocol,
                "rank " + std::to_string(options_.rank) + ": " + from + " sent " + problem);
+    return;
+  }
+  if (rendezvous) {
+    onRendezvousLocked(lane, header, base + kHeaderBytes);
+    lane.recv->release(slot);
+    returnCreditsLocked(lane, false);
     return;
   }
   // After a lane failed, a piece can arrive twice (it landed, its acknowledgement was lost,

@@ -16,15 +16,28 @@
 namespace railshard::transport::ibverbs {
 
 constexpr size_t kHeaderBytes = sizeof(PieceHeader);
+// RDMA reads outstanding per lane (the rendezvous), at most; the HCA may allow fewer.
+constexpr int kMaxReadDepth = 8;
+// A rendezvous message is read in pieces of at most this: the unit the rail scheduler times
+// and a failed lane's reads move in.
+constexpr size_t kReadPieceBytes = size_t{1} << 20;
+// Rendezvous sends to one peer awaiting their kFin at once: the peer's fin writes must find
+// receives posted (each lane has 8 beyond its ring; credit writes take at most 2).
+constexpr size_t kMaxRendezvousInFlight = 4;
 
-// wr_id: lane index (32 bits) | kind (8) | slot or count (24).
-enum class WorkKind : uint8_t { kData = 1, kCredit = 2, kRecv = 3 };
+// wr_id: lane index (32 bits) | kind (8) | slot, count, read slot or message (24).
+enum class WorkKind : uint8_t { kData = 1, kCredit = 2, kRecv = 3, kRead = 4, kFin = 5 };
 inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
   return (uint64_t{lane} << 32) | (uint64_t{static_cast<uint8_t>(kind)} << 24) |
          (value & 0xffffffu);
 }
 inline uint32_t workLane(uint64_t id) {
   return static_cast<uint32_t>(id >> 32);
+}
+// A rendezvous message in a kFin immediate and in the sender's books: the low 24 bits of its
+// number (at most kMaxRendezvousInFlight are pending, so they never collide).
+inline uint32_t finValue(uint64_t message) {
+  return static_cast<uint32_t>(message & 0xffffffu);
 }
 inline WorkKind workKind(uint64_t id) {
   return static_cast<WorkKind>((id >> 24) & 0xff);
@@ -40,8 +53,29 @@ struct RegisteredBuffer {
   ibv_mr* mr = nullptr;
 };
 
+// User memory registered for one rendezvous message, one memory region per rail (each rail
+// has its own protection domain); deregistered when the message is done, or at once after a
+// failure, so that no HCA reads or writes it once the caller may have freed it.
+struct UserRegions {
+  const VerbsApi* api = nullptr;
+  std::vector<ibv_mr*> mrs;  // by rail
+  void release() {
+    for (ibv_mr*& mr : mrs) {
+      if (mr != nullptr) api->dereg_mr(mr);
+      mr = nullptr;
+    }
+  }
+  bool held() const {
+    for (const ibv_mr* mr : mrs) {
+      if (mr != nullptr) return true;
+    }
+    return false;
+  }
+};
+
 struct IbverbsTransport::Rail {
   HcaPort port;
+  uint8_t rd_atomic = 0;  // reads this rail serves and issues per queue pair (LaneInfo)
   ibv_context* context = nullptr;
   ibv_pd* pd = nullptr;
   ibv_comp_channel* channel = nullptr;
@@ -64,6 +98,8 @@ struct IbverbsTransport::Lane {
   int send_depth = 0;        // max_send_wr
   int send_outstanding = 0;  // posted, completion not yet seen
   bool failed = false;
+  // Payload bytes this rank moved over the lane: written, or read (a rendezvous message's
+  // bytes count once, on the rank that reads them; its descriptor is no payload).
   uint64_t bytes_sent = 0;
   // Per staging slot: the message piece in flight from it.
   struct InFlight {
@@ -74,6 +110,19 @@ struct IbverbsTransport::Lane {
     int64_t trace_ns = 0;  // trace clock at posting; 0 when tracing was off
   };
   std::vector<InFlight> in_flight;
+  // Per read slot (readDepth(); empty when the pair never reads): the rendezvous piece being
+  // read with it.
+  struct Reading {
+    std::shared_ptr<ReadOp> op;
+    size_t offset = 0;
+    size_t bytes = 0;
+    Clock::time_point posted{};
+    int64_t trace_ns = 0;
+  };
+  std::vector<Reading> reads;
+  // kFin writes posted on this lane, completion not yet seen: sent again on another lane if
+  // this one fails.
+  std::deque<uint32_t> fins;
   Clock::time_point last_completion{};  // for the rail scheduler's service-time samples
   int32_t trace_track = 0;              // this lane's track in the trace, made on first use
 };
@@ -99,6 +148,13 @@ struct IbverbsTransport::SendOp : Request {
   bool device = false;
   bool staged = false;
   std::vector<RegistrationCache::Lease> leases;
+  // Zero-copy rendezvous (host memory of RAILSHARD_IB_RENDEZVOUS bytes or more): one piece,
+  // the read descriptor, is written; the peer reads the rest from `regions` and says so with
+  // a kFin, which completes the send.
+  bool rendezvous = false;
+  bool fin = false;
+  UserRegions regions;
+  std::vector<uint8_t> descriptor;  // the piece written: a ReadDescriptor
   // Pieces over TCP (RAILSHARD_STRIPE_TCP), guarded by the transport's mutex until
   // rdma_finished is set; final from then on (failover only moves RDMA lanes' pieces).
   std::vector<RequestPtr> tcp_parts;
@@ -116,6 +172,22 @@ struct IbverbsTransport::TcpLanding {
   bool discard = false;
 };
 
+// A rendezvous message this rank reads from the peer's buffer into the receive's (or the
+// staging buffer, when it arrived before its receive), in pieces over the lanes.
+struct IbverbsTransport::ReadOp {
+  uint64_t message = 0;
+  messaging::IncomingPtr entry;
+  ReadDescriptor remote;
+  uint8_t* dest = nullptr;     // entry->base(), or `bounce` for a receive in device memory
+  std::vector<uint8_t> bounce;
+  UserRegions regions;         // dest, registered with each rail
+  std::vector<std::vector<SendOp::Chunk>> per_rail;
+  std::vector<size_t> next;
+  size_t unposted = 0;
+  size_t outstanding = 0;
+  uint64_t total = 0;
+};
+
 struct IbverbsTransport::RecvOp : Request {
   RecvOp(int peer, void* data_in, size_t bytes, const MessageTag& tag)
       : Request(Kind::kRecv, peer, bytes, tag), data(static_cast<uint8_t*>(data_in)) {}
@@ -130,6 +202,10 @@ struct IbverbsTransport::Peer {
   // Numbering, matching, staging and the checks before a byte lands.
   messaging::MessageBook book{-1, -1, nullptr};
   std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
+  std::deque<std::shared_ptr<ReadOp>> reading;  // rendezvous reads not fully posted
+  // Rendezvous sends waiting for the peer's kFin, by the low 24 bits of the message number.
+  std::map<uint32_t, std::shared_ptr<SendOp>> awaiting_fin;
+  std::deque<uint32_t> fins;  // kFin writes to post (a lane was busy or failed)
   int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
@@ -137,9 +213,13 @@ struct IbverbsTransport::Peer {
   std::string idle_failure;
   bool busy() const {
     if (!sending.empty() || book.awaitsAny()) return true;
+    if (!reading.empty() || !awaiting_fin.empty()) return true;
     for (const Lane* lane : lanes) {
       for (const auto& flight : lane->in_flight) {
         if (flight.op) return true;
+      }
+      for (const auto& read : lane->reads) {
+        if (read.op) return true;
       }
     }
     return false;

@@ -80,6 +80,8 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
     lane.failed = true;
     const char* what = kind == WorkKind::kRecv   ? "a receive"
                        : kind == WorkKind::kData ? "an RDMA write"
+                       : kind == WorkKind::kRead ? "an RDMA read"
+                       : kind == WorkKind::kFin  ? "a read's end"
                                                  : "a credit write";
     std::string hint;
     if (wc.status == IBV_WC_RETRY_EXC_ERR) {
@@ -113,22 +115,44 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         // before it on this lane finished, if that was after it was posted.
         const Clock::time_point start = std::max(done.posted, lane.last_completion);
         lane.last_completion = now;
-        if (done.trace_ns != 0 && trace::enabled())
+        // A rendezvous offer carries no payload: not a piece of the message, nor a sample.
+        const bool payload = done.op && !done.op->rendezvous;
+        if (payload && done.trace_ns != 0 && trace::enabled())
           traceRailLocked(lane, done.bytes, done.trace_ns);
-        if (done.bytes > 0 && now > start && options_.rail_weights == RailWeights::kAdaptive) {
+        if (payload && done.bytes > 0 && now > start &&
+            options_.rail_weights == RailWeights::kAdaptive) {
           peer.scheduler->record(lane.rail, done.bytes,
                                  std::chrono::duration<double>(now - start).count());
         }
         if (done.op) {
           --done.op->outstanding;
-          if (done.op->unposted == 0 && done.op->outstanding == 0) rdmaPartDoneLocked(done.op);
+          maybeSendDoneLocked(done.op);
         }
         pumpLocked(peer);
         returnCreditsLocked(lane, false);
+        pumpReadsLocked(peer);
+        pumpFinsLocked(peer);
         break;
       }
       case WorkKind::kCredit:
         --lane.send_outstanding;
+        returnCreditsLocked(lane, false);
+        pumpLocked(peer);
+        pumpReadsLocked(peer);
+        pumpFinsLocked(peer);
+        break;
+      case WorkKind::kRead:
+        onReadDoneLocked(lane, workValue(wc.wr_id));
+        pumpReadsLocked(peer);
+        pumpFinsLocked(peer);
+        returnCreditsLocked(lane, false);
+        pumpLocked(peer);
+        break;
+      case WorkKind::kFin:
+        --lane.send_outstanding;
+        if (!lane.fins.empty()) lane.fins.pop_front();  // completions come in posting order
+        pumpFinsLocked(peer);
+        pumpReadsLocked(peer);
         returnCreditsLocked(lane, false);
         pumpLocked(peer);
         break;
@@ -141,6 +165,8 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         if (imm.kind == ImmKind::kCredit) {
           lane.send->grant(imm.value);
           pumpLocked(peer);
+        } else if (imm.kind == ImmKind::kFin) {
+          onFinLocked(peer, imm.value);
         } else {
           onPieceLocked(lane, imm.value, wc.byte_len);
         }
@@ -233,9 +259,11 @@ void IbverbsTransport::handleAsyncEvent(Rail& rail) {
 }
 
 void IbverbsTransport::failLocked(ErrorKind kind, const std::string& message) {
-  // From here on no user buffer is touched; the control transport is poisoned (and the peers
-  // told) outside the lock, by raisePendingFailure().
+  // From here on no user buffer is touched, by this CPU or (registrations dropped) by an HCA;
+  // the control transport is poisoned (and the peers told) outside the lock, by
+  // raisePendingFailure().
   poisoned_.store(true);
+  dropRendezvousLocked();
   pending_failures_.emplace_back(kind, message);
 }
 
@@ -296,6 +324,7 @@ bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
     reassign(flight.op, SendOp::Chunk{flight.offset, flight.bytes, true});
     flight = Lane::InFlight{};
   }
+  failOverReadsLocked(lane);
   // Not written yet.
   const auto rail = static_cast<size_t>(lane.rail);
   for (auto& op : peer.sending) {
@@ -342,8 +371,10 @@ void IbverbsTransport::rethrowPoisoned() const {
   const_cast<IbverbsTransport*>(this)->raisePendingFailure();
   {
     // Copies into and out of user buffers run under this lock and stop once poisoned_ is
-    // set: after taking it once, none is running or will run.
+    // set: after taking it once, none is running or will run. An abort from elsewhere (the
+    // control transport, the user) poisons without failLocked(): its registrations go here.
     std::lock_guard<std::mutex> lock(mutex_);
+    const_cast<IbverbsTransport*>(this)->dropRendezvousLocked();
   }
   const Deadline until = deadlineAfter(std::chrono::seconds(5));
   while (Clock::now() < until) {

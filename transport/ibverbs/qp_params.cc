@@ -11,13 +11,19 @@ double retryExhaustedSeconds(const QpTiming& timing) {
   return ack_timeout * (1 + timing.retry_cnt);
 }
 
+int readDepth(const LaneInfo& local, const LaneInfo& remote) {
+  return std::min(local.rd_atomic, remote.rd_atomic);
+}
+
 QpTransition initTransition(uint8_t port) {
   QpTransition t;
   t.attr.qp_state = IBV_QPS_INIT;
   t.attr.pkey_index = 0;
   t.attr.port_num = port;
-  // Only RDMA writes arrive; no reads or atomics are ever issued against this QP.
-  t.attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+  // RDMA writes (pieces, credits) and reads (the rendezvous: the peer reads a large message
+  // from the registration it named); never atomics.
+  t.attr.qp_access_flags =
+      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
   t.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   return t;
 }
@@ -28,7 +34,7 @@ QpTransition rtrTransition(const LaneInfo& local, const LaneInfo& remote, const 
   t.attr.path_mtu = static_cast<ibv_mtu>(std::min(local.mtu, remote.mtu));
   t.attr.dest_qp_num = remote.qpn;
   t.attr.rq_psn = remote.psn;
-  t.attr.max_dest_rd_atomic = 1;
+  t.attr.max_dest_rd_atomic = std::max<uint8_t>(1, local.rd_atomic);
   t.attr.min_rnr_timer = timing.min_rnr_timer;
   ibv_ah_attr& ah = t.attr.ah_attr;
   ah.port_num = local.port;
@@ -52,14 +58,14 @@ QpTransition rtrTransition(const LaneInfo& local, const LaneInfo& remote, const 
   return t;
 }
 
-QpTransition rtsTransition(const LaneInfo& local, const QpTiming& timing) {
+QpTransition rtsTransition(const LaneInfo& local, const LaneInfo& remote, const QpTiming& timing) {
   QpTransition t;
   t.attr.qp_state = IBV_QPS_RTS;
   t.attr.sq_psn = local.psn;
   t.attr.timeout = timing.timeout;
   t.attr.retry_cnt = timing.retry_cnt;
   t.attr.rnr_retry = timing.rnr_retry;
-  t.attr.max_rd_atomic = 1;
+  t.attr.max_rd_atomic = std::max<uint8_t>(1, readDepth(local, remote));
   t.mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
            IBV_QP_MAX_QP_RD_ATOMIC;
   return t;

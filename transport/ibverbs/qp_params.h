@@ -38,7 +38,10 @@ QpTransition initTransition(uint8_t port);
 // LID for InfiniBand, the peer's GID (global route, our sgid index) for RoCE.
 QpTransition rtrTransition(const LaneInfo& local, const LaneInfo& remote, const QpTiming& timing);
 // RTR -> RTS: our PSN, timeout and retry counts.
-QpTransition rtsTransition(const LaneInfo& local, const QpTiming& timing);
+QpTransition rtsTransition(const LaneInfo& local, const LaneInfo& remote, const QpTiming& timing);
+// RDMA reads a lane may have outstanding: what both ends serve and issue; 0 = none (a peer
+// that never reads).
+int readDepth(const LaneInfo& local, const LaneInfo& remote);
 
 // "INIT", "RTR", "RTS", ... for messages.
 const char* qpStateName(ibv_qp_state state);

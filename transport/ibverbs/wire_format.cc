@@ -51,7 +51,8 @@ std::vector<uint8_t> LaneInfo::encode() const {
   w.put(link_layer, 1);
   w.put(gid_index, 1);
   w.put(lid, 2);
-  w.put(0, 2);
+  w.put(rd_atomic, 1);
+  w.put(0, 1);
   w.put(qpn, 4);
   w.put(psn, 4);
   for (uint8_t b : gid) w.put(b, 1);
@@ -80,7 +81,8 @@ LaneInfo LaneInfo::decode(const std::vector<uint8_t>& bytes) {
   info.link_layer = static_cast<uint8_t>(r.get(1));
   info.gid_index = static_cast<uint8_t>(r.get(1));
   info.lid = static_cast<uint16_t>(r.get(2));
-  r.get(2);
+  info.rd_atomic = static_cast<uint8_t>(r.get(1));
+  r.get(1);
   info.qpn = static_cast<uint32_t>(r.get(4));
   info.psn = static_cast<uint32_t>(r.get(4));
   for (auto& b : info.gid) b = static_cast<uint8_t>(r.get(1));
@@ -103,13 +105,43 @@ LaneInfo LaneInfo::decode(const std::vector<uint8_t>& bytes) {
   return info;
 }
 
+std::vector<uint8_t> ReadDescriptor::encode() const {
+  std::vector<uint8_t> out;
+  out.reserve(encodedBytes(rkeys.size()));
+  Writer w(out);
+  w.put(addr, 8);
+  w.put(rkeys.size(), 4);
+  for (uint32_t key : rkeys) w.put(key, 4);
+  return out;
+}
+
+ReadDescriptor ReadDescriptor::decode(const uint8_t* bytes, size_t length, size_t rails) {
+  if (length != encodedBytes(rails)) {
+    throw ProtocolError("ibverbs: a read descriptor of " + std::to_string(length) +
+                        " bytes (expected " + std::to_string(encodedBytes(rails)) + " for " +
+                        std::to_string(rails) + " rails)");
+  }
+  const std::vector<uint8_t> in(bytes, bytes + length);
+  Reader r(in);
+  ReadDescriptor d;
+  d.addr = r.get(8);
+  const uint64_t count = r.get(4);
+  if (count != rails) {
+    throw ProtocolError("ibverbs: a read descriptor for " + std::to_string(count) +
+                        " rails on a pair of " + std::to_string(rails));
+  }
+  if (d.addr == 0) throw ProtocolError("ibverbs: a read descriptor with a null address");
+  for (size_t i = 0; i < rails; ++i) d.rkeys.push_back(static_cast<uint32_t>(r.get(4)));
+  return d;
+}
+
 uint32_t encodeImmediate(const Immediate& imm) {
   return (static_cast<uint32_t>(imm.kind) << 24) | (imm.value & 0xffffffu);
 }
 
 Immediate decodeImmediate(uint32_t host_order) {
   const uint32_t kind = host_order >> 24;
-  if (kind > static_cast<uint32_t>(ImmKind::kCredit)) {
+  if (kind > static_cast<uint32_t>(ImmKind::kFin)) {
     throw ProtocolError("ibverbs: immediate data of unknown kind " + std::to_string(kind));
   }
   return Immediate{static_cast<ImmKind>(kind), host_order & 0xffffffu};

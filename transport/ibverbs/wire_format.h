@@ -27,6 +27,9 @@ struct LaneInfo {
   uint8_t link_layer = 0;  // IBV_LINK_LAYER_INFINIBAND (1) or _ETHERNET (2)
   uint8_t gid_index = 0;
   uint16_t lid = 0;
+  // RDMA reads this side serves and issues at once per queue pair (the zero-copy rendezvous);
+  // 0 from a peer that never reads: the pair stays on staged writes.
+  uint8_t rd_atomic = 0;
   uint32_t qpn = 0;  // 24 bits
   uint32_t psn = 0;  // 24 bits
   std::array<uint8_t, 16> gid{};
@@ -46,6 +49,11 @@ struct PieceHeader {
   // A piece sent again on another lane after the lane it first went on failed: it may be a
   // duplicate of one that landed without its acknowledgement, and is dropped if so.
   static constexpr uint32_t kMagicResend = 0x52495352;  // "RSIR"
+  // A large message offered for reading (zero-copy rendezvous): the payload is a
+  // ReadDescriptor, `total` the message size; the receiver reads the bytes straight from the
+  // sender's buffer into its own and answers with a kFin immediate.
+  static constexpr uint32_t kMagicRendezvous = 0x56495352;        // "RSIV"
+  static constexpr uint32_t kMagicRendezvousResend = 0x57495352;  // "RSIW"
   uint32_t magic = kMagic;
   uint32_t length = 0;   // payload bytes after the header in this slot
   uint64_t message = 0;  // per direction of a pair: 0, 1, 2, ... in posting order
@@ -55,12 +63,24 @@ struct PieceHeader {
 };
 static_assert(sizeof(PieceHeader) == 64, "PieceHeader is part of the wire format");
 
-// The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, or the
-// receiver hands `value` slots back to the sender (a zero-length write).
-enum class ImmKind : uint8_t { kData = 0, kCredit = 1 };
+// Where a rendezvous message can be read: the sender's buffer and, per rail of the pair, the
+// rkey of its registration with that rail's protection domain. Little-endian on the wire.
+struct ReadDescriptor {
+  uint64_t addr = 0;
+  std::vector<uint32_t> rkeys;  // by rail
+  std::vector<uint8_t> encode() const;
+  // ProtocolError naming what is wrong unless `bytes` is a descriptor for `rails` rails.
+  static ReadDescriptor decode(const uint8_t* bytes, size_t length, size_t rails);
+  static size_t encodedBytes(size_t rails) { return 12 + 4 * rails; }
+};
+
+// The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, the
+// receiver hands `value` slots back to the sender (a zero-length write), or it finished
+// reading the rendezvous message whose number's low 24 bits are `value` (zero-length).
+enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2 };
 struct Immediate {
   ImmKind kind = ImmKind::kData;
-  uint32_t value = 0;  // 24 bits: slot index or credit count
+  uint32_t value = 0;  // 24 bits: slot index, credit count or message number
 };
 uint32_t encodeImmediate(const Immediate& imm);  // host order; the caller applies htonl
 // ProtocolError for an unknown kind.

@@ -1,0 +1,352 @@
+// Zero-copy rendezvous for large host messages (RAILSHARD_IB_RENDEZVOUS bytes and more).
+//
+// The sender registers its buffer with every rail of the pair and writes one piece, the read
+// descriptor (address and one rkey per rail), through the usual staging slot; the receiver
+// matches it like any piece (MessageBook: tag and size checks, early messages), registers its
+// destination (the receive's buffer, or the staging buffer when the receive is not posted
+// yet) and reads the message with RDMA READs straight into it, cut into pieces striped over
+// the lanes by the rail scheduler, which times them as it times writes. When every read is
+// done it writes a zero-length kFin; the sender then deregisters and completes the send. Each
+// byte crosses the wire once and no CPU copies it (the staged path copies it twice).
+//
+// Registration is per message: the sender's buffer from isend() until the kFin, the receiver's
+// until its last read. A cache of host registrations would save the pinning on every message
+// but cannot see free(): a later buffer at the same address would be read from the old pages
+// (docs/rdma.md "Zero-copy rendezvous"). After any failure every registration is dropped at
+// once under the transport's lock, so no HCA reads or writes a user buffer once the caller
+// may have freed it: a peer still reading gets a remote access error, our own reads in flight
+// a local protection error, and both are failures already being reported.
+//
+// Run over Soft-RoCE (rdma_rxe) in the qemu guest and over the in-process emulation; NOT YET
+// RUN ON RDMA HARDWARE.
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+#include "base/logging.h"
+#include "transport/ibverbs/ibverbs_transport_internal.h"
+
+namespace railshard::transport::ibverbs {
+
+bool IbverbsTransport::prepareRendezvousLocked(Peer& peer, SendOp& op) {
+  if (options_.rendezvous_bytes == 0 || op.bytes() < options_.rendezvous_bytes || op.device ||
+      peer.tcp_rail >= 0) {
+    return false;
+  }
+  for (const Lane* lane : peer.lanes) {
+    if (lane->reads.empty()) return false;  // the peer (or this HCA) does not read
+  }
+  op.regions.api = &api_;
+  op.regions.mrs.assign(rails_.size(), nullptr);
+  ReadDescriptor descriptor;
+  descriptor.addr = reinterpret_cast<uint64_t>(op.data);
+  for (const Lane* lane : peer.lanes) {
+    const auto rail = static_cast<size_t>(lane->rail);
+    // ibv_reg_mr takes a non-const pointer; with remote read only, the pages are never written.
+    ibv_mr* mr = api_.reg_mr(rails_[rail]->pd, const_cast<uint8_t*>(op.data), op.bytes(),
+                             IBV_ACCESS_REMOTE_READ);
+    if (mr == nullptr) {
+      const int err = errno;
+      op.regions.release();
+      op.regions.mrs.clear();
+      if (!rendezvous_logged_) {
+        rendezvous_logged_ = true;
+        RS_LOG_WARN(
+            "rank {}: ibv_reg_mr of a {}-byte send buffer failed ({}): large messages are "
+            "copied through the staging slots instead of read in place (raise `ulimit -l`, "
+            "or set RAILSHARD_IB_RENDEZVOUS=0 to stop trying)",
+            options_.rank, op.bytes(), std::strerror(err));
+      }
+      return false;
+    }
+    op.regions.mrs[rail] = mr;
+    descriptor.rkeys.push_back(mr->rkey);
+  }
+  op.rendezvous = true;
+  op.descriptor = descriptor.encode();
+  return true;
+}
+
+void IbverbsTransport::onRendezvousLocked(Lane& lane, const PieceHeader& header,
+                                          const uint8_t* payload) {
+  Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  const std::string from = "rank " + std::to_string(lane.peer) + " (" + laneName(lane) + ")";
+  ReadDescriptor remote;
+  try {
+    remote = ReadDescriptor::decode(payload, header.length, peer.lanes.size());
+    for (const Lane* other : peer.lanes) {
+      if (other->reads.empty()) throw ProtocolError("a read offer on a pair that does not read");
+    }
+  } catch (const ProtocolError& e) {
+    failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
+                                         " sent " + e.what());
+    return;
+  }
+  if (header.magic == PieceHeader::kMagicRendezvousResend) peer.book.allowDuplicates();
+  messaging::MessageBook::Arrival arrival = peer.book.arrive(
+      messaging::PieceInfo{header.message, header.tag, header.total, 0, header.total},
+      [&](const MessageTag& theirs) { return current_.unsolicited(lane.peer, theirs); });
+  if (arrival.problem) {
+    failLocked(arrival.problem->kind, arrival.problem->kind == ErrorKind::kProtocol
+                                          ? arrival.problem->text + " (on " + laneName(lane) + ")"
+                                          : arrival.problem->text);
+    return;
+  }
+  if (!arrival.entry || poisoned_.load()) return;  // a duplicate offer, or the buffer may be gone
+  auto op = std::make_shared<ReadOp>();
+  op->message = header.message;
+  op->entry = arrival.entry;
+  op->remote = std::move(remote);
+  op->total = header.total;
+  messaging::Incoming& entry = *op->entry;
+  if (!entry.staging && static_cast<RecvOp&>(*entry.request).device) {
+    op->bounce.resize(op->total);  // GPU memory: read to the host, then copied in
+    op->dest = op->bounce.data();
+  } else {
+    op->dest = entry.base();
+  }
+  op->regions.api = &api_;
+  op->regions.mrs.assign(rails_.size(), nullptr);
+  for (const Lane* other : peer.lanes) {
+    const auto rail = static_cast<size_t>(other->rail);
+    ibv_mr* mr = api_.reg_mr(rails_[rail]->pd, op->dest, op->total, IBV_ACCESS_LOCAL_WRITE);
+    if (mr == nullptr) {
+      const int err = errno;
+      op->regions.release();
+      failLocked(ErrorKind::kGeneric,
+                 "rank " + std::to_string(options_.rank) + ": ibv_reg_mr of a " +
+                     std::to_string(op->total) + "-byte receive buffer for " +
+                     describe(header.tag) + " from rank " + std::to_string(lane.peer) +
+                     " failed: " + std::strerror(err) +
+                     " (raise `ulimit -l`, or set RAILSHARD_IB_RENDEZVOUS=0 on every rank)");
+      return;
+    }
+    op->regions.mrs[rail] = mr;
+  }
+  // Striped as a send of the same size would be; each rail's share read in pieces.
+  op->per_rail.resize(peer.lanes.size());
+  op->next.assign(peer.lanes.size(), 0);
+  for (const auto& piece : peer.scheduler->split(op->total)) {
+    if (piece.rail == peer.tcp_rail) {
+      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
+                                           " offered a read on a pair striped over TCP");
+      return;
+    }
+    auto& chunks = op->per_rail[static_cast<size_t>(piece.rail)];
+    for (size_t done = 0; done < piece.length;) {
+      const size_t length = std::min(kReadPieceBytes, piece.length - done);
+      chunks.push_back(SendOp::Chunk{piece.offset + done, length});
+      done += length;
+      ++op->unposted;
+    }
+  }
+  peer.reading.push_back(op);
+  pumpReadsLocked(peer);
+}
+
+void IbverbsTransport::pumpReadsLocked(Peer& peer) {
+  if (poisoned_.load()) return;
+  std::vector<bool> blocked(peer.lanes.size(), false);
+  for (auto& op : peer.reading) {
+    for (size_t r = 0; r < peer.lanes.size(); ++r) {
+      auto& chunks = op->per_rail[r];
+      Lane& lane = *peer.lanes[r];
+      while (!blocked[r] && op->next[r] < chunks.size()) {
+        const auto free_slot = std::find_if(lane.reads.begin(), lane.reads.end(),
+                                            [](const Lane::Reading& read) { return !read.op; });
+        if (lane.failed || lane.send_outstanding >= lane.send_depth ||
+            free_slot == lane.reads.end()) {
+          blocked[r] = true;
+          break;
+        }
+        const SendOp::Chunk chunk = chunks[op->next[r]++];
+        --op->unposted;
+        const auto slot = static_cast<uint32_t>(free_slot - lane.reads.begin());
+        ibv_sge sge{};
+        sge.addr = reinterpret_cast<uint64_t>(op->dest + chunk.offset);
+        sge.length = static_cast<uint32_t>(chunk.length);
+        sge.lkey = op->regions.mrs[static_cast<size_t>(lane.rail)]->lkey;
+        ibv_send_wr wr{};
+        wr.wr_id = makeWorkId(lane.index, WorkKind::kRead, slot);
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_READ;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = op->remote.addr + chunk.offset;
+        wr.wr.rdma.rkey = op->remote.rkeys[static_cast<size_t>(lane.rail)];
+        ibv_send_wr* bad = nullptr;
+        if (const int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+          lane.failed = true;
+          failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
+                                               laneName(lane) + ": ibv_post_send of a read failed: " +
+                                               std::strerror(rc));
+          return;
+        }
+        *free_slot = Lane::Reading{op, chunk.offset, chunk.length, Clock::now(),
+                                   trace::enabled() ? trace::now() : 0};
+        ++lane.send_outstanding;
+        ++op->outstanding;
+      }
+      if (op->next[r] < chunks.size()) blocked[r] = true;
+    }
+  }
+  while (!peer.reading.empty() && peer.reading.front()->unposted == 0) peer.reading.pop_front();
+}
+
+void IbverbsTransport::onReadDoneLocked(Lane& lane, uint32_t slot) {
+  if (slot >= lane.reads.size() || !lane.reads[slot].op) {
+    throw ProtocolError("a read completion for an idle read slot " + std::to_string(slot));
+  }
+  Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  Lane::Reading done = std::move(lane.reads[slot]);
+  lane.reads[slot] = Lane::Reading{};
+  --lane.send_outstanding;
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point start = std::max(done.posted, lane.last_completion);
+  lane.last_completion = now;
+  lane.bytes_sent += done.bytes;
+  if (done.trace_ns != 0 && trace::enabled())
+    traceRailLocked(lane, done.bytes, done.trace_ns, "rdma_read");
+  if (done.bytes > 0 && now > start && options_.rail_weights == RailWeights::kAdaptive) {
+    peer.scheduler->record(lane.rail, done.bytes,
+                           std::chrono::duration<double>(now - start).count());
+  }
+  ReadOp& op = *done.op;
+  --op.outstanding;
+  if (op.unposted > 0 || op.outstanding > 0) return;
+  op.regions.release();
+  if (poisoned_.load()) return;  // the buffer may be gone
+  messaging::Incoming& entry = *op.entry;
+  if (!op.bounce.empty() &&
+      !copyInLocked(static_cast<RecvOp&>(*entry.request), 0, op.bounce.data(), op.total)) {
+    return;
+  }
+  if (messaging::IncomingPtr whole = peer.book.landed(op.message, entry, op.total)) {
+    // Read while staged, and its receive was posted meanwhile: one copy into its buffer.
+    if (whole->staging && !copyInLocked(static_cast<RecvOp&>(*whole->request), 0,
+                                        whole->staged.data(), whole->total)) {
+      return;
+    }
+    completeLocked(whole->request);
+  }
+  peer.fins.push_back(finValue(op.message));
+  pumpFinsLocked(peer);
+}
+
+void IbverbsTransport::pumpFinsLocked(Peer& peer) {
+  if (poisoned_.load()) return;
+  while (!peer.fins.empty()) {
+    Lane* lane = nullptr;
+    for (Lane* candidate : peer.lanes) {
+      if (!candidate->failed && candidate->send_outstanding < candidate->send_depth) {
+        lane = candidate;
+        break;
+      }
+    }
+    if (lane == nullptr) return;  // posted when a completion frees room (or a lane fails over)
+    const uint32_t value = peer.fins.front();
+    ibv_send_wr wr{};
+    wr.wr_id = makeWorkId(lane->index, WorkKind::kFin, value);
+    wr.num_sge = 0;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(encodeImmediate(Immediate{ImmKind::kFin, value}));
+    wr.wr.rdma.remote_addr = lane->remote.ring_addr;
+    wr.wr.rdma.rkey = lane->remote.ring_rkey;
+    ibv_send_wr* bad = nullptr;
+    if (const int rc = ibv_post_send(lane->qp, &wr, &bad); rc != 0) {
+      lane->failed = true;
+      failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
+                                           laneName(*lane) +
+                                           ": ibv_post_send of a read's end failed: " +
+                                           std::strerror(rc));
+      return;
+    }
+    peer.fins.pop_front();
+    lane->fins.push_back(value);
+    ++lane->send_outstanding;
+  }
+}
+
+void IbverbsTransport::onFinLocked(Peer& peer, uint32_t value) {
+  const auto it = peer.awaiting_fin.find(value);
+  if (it == peer.awaiting_fin.end()) {
+    // Sent again after the lane carrying the first one failed unacknowledged: both arrived.
+    RS_LOG_DEBUG("rank {}: ibverbs: a second end of read {} from rank {}", options_.rank, value,
+                 peer.rank);
+    return;
+  }
+  const std::shared_ptr<SendOp> op = it->second;
+  peer.awaiting_fin.erase(it);
+  op->regions.release();
+  op->fin = true;
+  maybeSendDoneLocked(op);
+  pumpLocked(peer);  // room for the next rendezvous offer
+}
+
+void IbverbsTransport::maybeSendDoneLocked(const std::shared_ptr<SendOp>& op) {
+  if (op->unposted == 0 && op->outstanding == 0 && (!op->rendezvous || op->fin)) {
+    rdmaPartDoneLocked(op);
+  }
+}
+
+void IbverbsTransport::failOverReadsLocked(Lane& lane) {
+  Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  std::vector<size_t> up;
+  for (const Lane* other : peer.lanes) {
+    if (!other->failed) up.push_back(static_cast<size_t>(other->rail));
+  }
+  if (up.empty()) return;  // the caller reports the peer lost
+  size_t next = 0;
+  std::vector<std::shared_ptr<ReadOp>> touched;
+  auto reassign = [&](const std::shared_ptr<ReadOp>& op, SendOp::Chunk chunk) {
+    op->per_rail[up[next++ % up.size()]].push_back(chunk);
+    ++op->unposted;
+    touched.push_back(op);
+  };
+  // A read is idempotent: one that failed may have landed part of its bytes; it is read again.
+  for (auto& read : lane.reads) {
+    if (!read.op) continue;
+    --read.op->outstanding;
+    reassign(read.op, SendOp::Chunk{read.offset, read.bytes});
+    read = Lane::Reading{};
+  }
+  const auto rail = static_cast<size_t>(lane.rail);
+  for (auto& op : peer.reading) {
+    auto& chunks = op->per_rail[rail];
+    for (size_t i = op->next[rail]; i < chunks.size(); ++i) {
+      --op->unposted;
+      reassign(op, chunks[i]);
+    }
+    op->next[rail] = chunks.size();
+  }
+  for (auto& op : touched) {
+    if (std::find(peer.reading.begin(), peer.reading.end(), op) == peer.reading.end()) {
+      peer.reading.push_front(op);
+    }
+  }
+  // Ends of reads that may not have arrived: sent again (a second one is ignored).
+  peer.fins.insert(peer.fins.begin(), lane.fins.begin(), lane.fins.end());
+  lane.fins.clear();
+  pumpReadsLocked(peer);
+  pumpFinsLocked(peer);
+}
+
+void IbverbsTransport::dropRendezvousLocked() {
+  for (auto& peer : peers_) {
+    if (!peer) continue;
+    for (auto& op : peer->sending) op->regions.release();
+    for (auto& [value, op] : peer->awaiting_fin) op->regions.release();
+    for (auto& op : peer->reading) op->regions.release();
+    for (Lane* lane : peer->lanes) {
+      for (auto& read : lane->reads) {
+        if (read.op) read.op->regions.release();
+      }
+    }
+  }
+}
+
+}  // namespace railshard::transport::ibverbs
