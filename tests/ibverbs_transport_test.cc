@@ -213,16 +213,6 @@ TEST_F(OverEmulation, TraceRecordsEveryRdmaPieceOnItsLaneTrack) {
   std::filesystem::remove_all(dir);
 }
 
-// The emulation's queue pairs are numbered from small integers: breaks the first that exists,
-// as a cable pull would (its outstanding write fails with "retry counter exceeded", both ends
-// go into the error state).
-void breakFirstQueuePair(const FakeHooks& hooks) {
-  for (uint32_t qpn = 1; qpn < 100000; ++qpn) {
-    if (hooks.break_qp(qpn, IBV_WC_RETRY_EXC_ERR) == 0) return;
-  }
-  ADD_FAILURE() << "no queue pair to break";
-}
-
 TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
   constexpr int kSize = 2;
   Config config = rdmaConfig();

@@ -6,6 +6,7 @@
 // Include only where FAKE_IBVERBS_PATH is defined.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 
 #include <cstdlib>
 #include <exception>
@@ -34,6 +35,16 @@ struct FakeHooks {
     live_objects = reinterpret_cast<int (*)()>(::dlsym(handle, "fake_ibverbs_live_objects"));
   }
 };
+
+// The emulation's queue pairs are numbered from small integers: breaks the first that exists,
+// as a cable pull would (its outstanding write fails with "retry counter exceeded", both ends
+// go into the error state).
+inline void breakFirstQueuePair(const FakeHooks& hooks) {
+  for (uint32_t qpn = 1; qpn < 100000; ++qpn) {
+    if (hooks.break_qp(qpn, IBV_WC_RETRY_EXC_ERR) == 0) return;
+  }
+  ADD_FAILURE() << "no queue pair to break";
+}
 
 class ScopedEnv {
  public:

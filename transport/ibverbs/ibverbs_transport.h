@@ -144,8 +144,7 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   bool copyOutLocked(const SendOp& op, uint8_t* host, size_t offset, size_t length);
   bool copyInLocked(const RecvOp& op, size_t offset, const uint8_t* host, size_t length);
   // ibverbs_transport_trace.cc (docs/tracing.md): a piece acknowledged (or read) on a lane.
-  void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns,
-                       const char* name = "rdma_write");
+  void traceRailLocked(Lane& lane, size_t bytes, int64_t begin_ns, const char* name = "rdma_write");
 
   const VerbsApi& api_;
   const CudaDriver* cuda_ = nullptr;  // null without an NVIDIA driver: every buffer is host

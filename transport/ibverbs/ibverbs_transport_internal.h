@@ -178,9 +178,9 @@ struct IbverbsTransport::ReadOp {
   uint64_t message = 0;
   messaging::IncomingPtr entry;
   ReadDescriptor remote;
-  uint8_t* dest = nullptr;     // entry->base(), or `bounce` for a receive in device memory
+  uint8_t* dest = nullptr;  // entry->base(), or `bounce` for a receive in device memory
   std::vector<uint8_t> bounce;
-  UserRegions regions;         // dest, registered with each rail
+  UserRegions regions;  // dest, registered with each rail
   std::vector<std::vector<SendOp::Chunk>> per_rail;
   std::vector<size_t> next;
   size_t unposted = 0;
@@ -206,7 +206,7 @@ struct IbverbsTransport::Peer {
   // Rendezvous sends waiting for the peer's kFin, by the low 24 bits of the message number.
   std::map<uint32_t, std::shared_ptr<SendOp>> awaiting_fin;
   std::deque<uint32_t> fins;  // kFin writes to post (a lane was busy or failed)
-  int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
+  int tcp_rail = -1;          // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
   // rank asks the peer for something; then it is the PeerLostError.

@@ -81,8 +81,8 @@ void IbverbsTransport::onRendezvousLocked(Lane& lane, const PieceHeader& header,
       if (other->reads.empty()) throw ProtocolError("a read offer on a pair that does not read");
     }
   } catch (const ProtocolError& e) {
-    failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
-                                         " sent " + e.what());
+    failLocked(ErrorKind::kProtocol,
+               "rank " + std::to_string(options_.rank) + ": " + from + " sent " + e.what());
     return;
   }
   if (header.magic == PieceHeader::kMagicRendezvousResend) peer.book.allowDuplicates();
@@ -180,9 +180,9 @@ void IbverbsTransport::pumpReadsLocked(Peer& peer) {
         ibv_send_wr* bad = nullptr;
         if (const int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
           lane.failed = true;
-          failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
-                                               laneName(lane) + ": ibv_post_send of a read failed: " +
-                                               std::strerror(rc));
+          failLocked(ErrorKind::kPeerLost,
+                     "rank " + std::to_string(options_.rank) + ": " + laneName(lane) +
+                         ": ibv_post_send of a read failed: " + std::strerror(rc));
           return;
         }
         *free_slot = Lane::Reading{op, chunk.offset, chunk.length, Clock::now(),
@@ -259,10 +259,9 @@ void IbverbsTransport::pumpFinsLocked(Peer& peer) {
     ibv_send_wr* bad = nullptr;
     if (const int rc = ibv_post_send(lane->qp, &wr, &bad); rc != 0) {
       lane->failed = true;
-      failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
-                                           laneName(*lane) +
-                                           ": ibv_post_send of a read's end failed: " +
-                                           std::strerror(rc));
+      failLocked(ErrorKind::kPeerLost,
+                 "rank " + std::to_string(options_.rank) + ": " + laneName(*lane) +
+                     ": ibv_post_send of a read's end failed: " + std::strerror(rc));
       return;
     }
     peer.fins.pop_front();
