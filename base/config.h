@@ -53,6 +53,7 @@ struct Config {
   int ib_slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
   size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   size_t ib_rendezvous = 512 << 10;  // RAILSHARD_IB_RENDEZVOUS; 0 = off
+  bool ib_rendezvous_auto = true;    // "auto": 512K, but not on software devices
   std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
   NcclMode nccl = NcclMode::kAuto;   // RAILSHARD_NCCL
   size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)

@@ -73,6 +73,10 @@ std::string linkLayerName(uint8_t link_layer) {
   }
 }
 
+bool isSoftwareDevice(uint32_t vendor_id) {
+  return vendor_id == 0xffffffu || vendor_id == 0x626d74u;
+}
+
 bool hcaSelected(const std::string& filter, const std::string& device, int port) {
   if (filter.empty()) return true;
   std::stringstream in(filter);

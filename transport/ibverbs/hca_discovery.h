@@ -26,6 +26,10 @@ struct HcaPort {
 double portGbps(uint8_t active_width, uint32_t active_speed);
 std::string linkLayerName(uint8_t link_layer);
 
+// Whether ibv_device_attr.vendor_id names a device implemented in software by the kernel:
+// Soft-RoCE (rdma_rxe, 0xffffff) or soft iWARP (siw, 0x626d74).
+bool isSoftwareDevice(uint32_t vendor_id);
+
 // "mlx5_0,mlx5_1:1" (RAILSHARD_IB_HCA): device names, each optionally with a port; empty
 // selects every device. Whether `device`:`port` is selected.
 bool hcaSelected(const std::string& filter, const std::string& device, int port);

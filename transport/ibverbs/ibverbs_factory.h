@@ -34,6 +34,8 @@ struct FactoryOptions {
   // RAILSHARD_IB_RENDEZVOUS: host messages of this many bytes or more are read in place by the
   // receiver (zero-copy); 0 = every message through the staging slots.
   size_t rendezvous_bytes = 512 << 10;
+  // "auto": not on software devices (Soft-RoCE, soft iWARP), where it measured slower.
+  bool rendezvous_auto = true;
   // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
   // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
   bool stripe_tcp = false;

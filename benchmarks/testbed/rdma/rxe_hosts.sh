@@ -60,6 +60,10 @@ case $1 in
     echo "$hosts $rails" >"$state/layout"
     sysctl -qw net.ipv4.conf.all.accept_local=1 net.ipv4.conf.all.rp_filter=0 \
       net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.default.accept_local=1
+    # A lossless fabric, as RoCE is deployed (PFC): RDMA READ responses come in bursts the
+    # default backlog (1000 packets) drops, and rxe in 6.1 does not recover a read whose
+    # responses were dropped (kernel WARNING in rxe_completer, the queue pair in error).
+    sysctl -qw net.core.netdev_max_backlog=100000
     for r in $(seq 0 $((rails - 1))); do
       ip link add "rxbr$r" type bridge
       ip link set "rxbr$r" up
