@@ -59,6 +59,11 @@ size_t parseBytes(const std::string& what, const std::string& value) {
       break;
   }
   if (multiplier != 1) digits.pop_back();
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
+    // Named whole: "big" would otherwise read as "bi" gigabytes.
+    throw ConfigError(what + ": expected a size in bytes (a number, optionally K, M or G), got '" +
+                      value + "'");
+  }
   const long long base = parseInteger(what, digits, 1, 1LL << 40);
   return static_cast<size_t>(base) * multiplier;
 }

@@ -25,6 +25,23 @@ TEST(Config, DefaultsAndParsing) {
   EXPECT_EQ(Config::fromEnvironment(&empty).chunk_bytes, size_t{1} << 20);
 }
 
+TEST(Config, RendezvousThresholdIsAutoASizeOrOff) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_IB_RENDEZVOUS", value}};
+    const Config config = Config::fromEnvironment(&env);
+    return std::make_pair(config.ib_rendezvous, config.ib_rendezvous_auto);
+  };
+  const std::map<std::string, std::string> empty;
+  const Config defaults = Config::fromEnvironment(&empty);
+  EXPECT_TRUE(defaults.ib_rendezvous_auto);
+  EXPECT_EQ(defaults.ib_rendezvous, 512u << 10);
+  EXPECT_EQ(parse("auto"), std::make_pair(size_t{512} << 10, true));
+  EXPECT_EQ(parse("1M"), std::make_pair(size_t{1} << 20, false));
+  EXPECT_EQ(parse("0"), std::make_pair(size_t{0}, false));
+  EXPECT_EQ(parse("off"), std::make_pair(size_t{0}, false));
+  EXPECT_THROW(parse("sometimes"), ConfigError);
+}
+
 TEST(Config, BadValuesNameTheVariableAndValue) {
   auto messageOf = [](const std::string& key, const std::string& value) {
     const std::map<std::string, std::string> env = {{key, value}};
@@ -44,7 +61,8 @@ TEST(Config, BadValuesNameTheVariableAndValue) {
                                                         {"RAILSHARD_RAIL_WEIGHTS", "fastest"},
                                                         {"RAILSHARD_SOCKETS_PER_RAIL", "0"},
                                                         {"RAILSHARD_SOCKETS_PER_RAIL", "17"},
-                                                        {"RAILSHARD_RAIL_TIMEOUT", "0.001"}}) {
+                                                        {"RAILSHARD_RAIL_TIMEOUT", "0.001"},
+                                                        {"RAILSHARD_IB_RENDEZVOUS", "big"}}) {
     const std::string message = messageOf(key, value);
     EXPECT_NE(message.find(key), std::string::npos) << message;
     EXPECT_NE(message.find(value), std::string::npos) << message;

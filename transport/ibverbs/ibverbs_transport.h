@@ -32,6 +32,8 @@ namespace railshard::transport::ibverbs {
 // not posted yet, as the TCP transport does) and hands slots back in batches with zero-length
 // writes whose immediate carries the credit count. No remote write ever targets user memory,
 // so a failed collective cannot have a peer write into a buffer the caller already freed.
+// Large host messages go by rendezvous instead (ibverbs_transport_rendezvous.cc): one piece
+// offers the sender's registered buffer, the receiver reads it in place.
 //
 // The TCP transport it wraps ("control") stays connected: heartbeats, abort messages and lost
 // peers go through it, so failures look the same on every transport, and pairs that do not use
@@ -39,7 +41,7 @@ namespace railshard::transport::ibverbs {
 //
 // NEVER RUN ON RDMA HARDWARE: this code was developed on machines without an HCA; its data path
 // runs in the tests against an in-process software emulation of libibverbs
-// (tests/fakes/fake_ibverbs.cc). See docs/rdma.md.
+// (tests/fakes/fake_ibverbs.cc) and over Soft-RoCE in a qemu guest. See docs/rdma.md.
 class IbverbsTransport : public Transport, private messaging::PieceSink {
  public:
   struct Rail;
