@@ -36,7 +36,13 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   // stripes its reads.
   const bool rendezvous = bytes > 0 && prepareRendezvousLocked(*peer, *op);
   // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
-  std::vector<rails::Piece> pieces = peer->scheduler->split(rendezvous ? 0 : bytes);
+  std::vector<rails::Piece> pieces;
+  try {
+    pieces = peer->scheduler->split(rendezvous ? 0 : bytes);
+  } catch (...) {
+    op->regions.release();  // never queued: nothing else would deregister it
+    throw;
+  }
   if (rendezvous) pieces.front().length = op->descriptor.size();
   for (const auto& piece : pieces) {
     if (piece.rail == peer->tcp_rail) {
