@@ -18,6 +18,7 @@
 #include "transport/ibverbs/verbs_api.h"
 #include "transport/ibverbs/wire_format.h"
 #include "transport/messaging/current_collective.h"
+#include "transport/messaging/message_book.h"
 #include "transport/messaging/piece_link.h"
 #include "transport/rails/rail_scheduler.h"
 
@@ -95,6 +96,10 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void pumpLocked(Peer& peer);
   void postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length, bool resend);
   void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
+  // The book's verdict on an arriving piece (`resent`: after a failover; duplicates dropped
+  // from then on); a problem poisons the transport and comes back with no entry.
+  messaging::MessageBook::Arrival arriveLocked(Lane& lane, const messaging::PieceInfo& piece,
+                                               bool resent);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
   // ibverbs_transport_rendezvous.cc: large host messages read in place (zero-copy).

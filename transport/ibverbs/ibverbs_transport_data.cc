@@ -284,16 +284,10 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   // After a lane failed, a piece can arrive twice (it landed, its acknowledgement was lost,
   // it was sent again on another lane): from the first re-sent piece on, the book drops such
   // duplicates; anything else is an error.
-  if (resent) peer.book.allowDuplicates();
-  messaging::MessageBook::Arrival arrival = peer.book.arrive(
+  const messaging::MessageBook::Arrival arrival = arriveLocked(
+      lane,
       messaging::PieceInfo{header.message, header.tag, header.total, header.offset, header.length},
-      [&](const MessageTag& theirs) { return current_.unsolicited(lane.peer, theirs); });
-  if (arrival.problem) {
-    failLocked(arrival.problem->kind, arrival.problem->kind == ErrorKind::kProtocol
-                                          ? arrival.problem->text + " (on " + laneName(lane) + ")"
-                                          : arrival.problem->text);
-    return;
-  }
+      resent);
   if (arrival.entry) {
     messaging::Incoming& entry = *arrival.entry;
     if (poisoned_.load()) return;  // the buffer may be gone
@@ -317,6 +311,22 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   }
   lane.recv->release(slot);
   returnCreditsLocked(lane, false);
+}
+
+messaging::MessageBook::Arrival IbverbsTransport::arriveLocked(Lane& lane,
+                                                               const messaging::PieceInfo& piece,
+                                                               bool resent) {
+  Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
+  if (resent) peer.book.allowDuplicates();
+  messaging::MessageBook::Arrival arrival = peer.book.arrive(
+      piece, [&](const MessageTag& theirs) { return current_.unsolicited(lane.peer, theirs); });
+  if (arrival.problem) {
+    failLocked(arrival.problem->kind, arrival.problem->kind == ErrorKind::kProtocol
+                                          ? arrival.problem->text + " (on " + laneName(lane) + ")"
+                                          : arrival.problem->text);
+    arrival.entry = nullptr;
+  }
+  return arrival;
 }
 
 void IbverbsTransport::returnCreditsLocked(Lane& lane, bool force) {

@@ -2,7 +2,9 @@
 
 // Internals shared by the ibverbs_transport_*.cc files.
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -225,5 +227,27 @@ struct IbverbsTransport::Peer {
     return false;
   }
 };
+
+// A failed lane's share of pending sends (SendOp) or reads (ReadOp), both cut into chunks per
+// rail: every chunk of `rail` not yet posted is handed to `reassign` (which queues it on
+// another rail), and `touched` ops that had left `pending` (fully posted) go back to its front.
+template <typename Op, typename Reassign>
+void takeUnposted(std::deque<std::shared_ptr<Op>>& pending, size_t rail, Reassign&& reassign) {
+  for (auto& op : pending) {
+    auto& chunks = op->per_rail[rail];
+    for (size_t i = op->next[rail]; i < chunks.size(); ++i) {
+      --op->unposted;
+      reassign(op, chunks[i]);
+    }
+    op->next[rail] = chunks.size();
+  }
+}
+template <typename Op>
+void requeue(std::deque<std::shared_ptr<Op>>& pending,
+             const std::vector<std::shared_ptr<Op>>& touched) {
+  for (const auto& op : touched) {
+    if (std::find(pending.begin(), pending.end(), op) == pending.end()) pending.push_front(op);
+  }
+}
 
 }  // namespace railshard::transport::ibverbs

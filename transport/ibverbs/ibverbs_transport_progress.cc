@@ -325,22 +325,9 @@ bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
     flight = Lane::InFlight{};
   }
   failOverReadsLocked(lane);
-  // Not written yet.
-  const auto rail = static_cast<size_t>(lane.rail);
-  for (auto& op : peer.sending) {
-    auto& chunks = op->per_rail[rail];
-    for (size_t i = op->next[rail]; i < chunks.size(); ++i) {
-      --op->unposted;
-      reassign(op, chunks[i]);
-    }
-    op->next[rail] = chunks.size();
-  }
-  // Messages that had been fully posted are pending again.
-  for (auto& op : touched) {
-    if (std::find(peer.sending.begin(), peer.sending.end(), op) == peer.sending.end()) {
-      peer.sending.push_front(op);
-    }
-  }
+  // Not written yet; messages that had been fully posted are pending again.
+  takeUnposted(peer.sending, static_cast<size_t>(lane.rail), reassign);
+  requeue(peer.sending, touched);
   pumpLocked(peer);
   return true;
 }

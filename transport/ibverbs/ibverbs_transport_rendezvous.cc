@@ -85,16 +85,10 @@ void IbverbsTransport::onRendezvousLocked(Lane& lane, const PieceHeader& header,
                "rank " + std::to_string(options_.rank) + ": " + from + " sent " + e.what());
     return;
   }
-  if (header.magic == PieceHeader::kMagicRendezvousResend) peer.book.allowDuplicates();
-  messaging::MessageBook::Arrival arrival = peer.book.arrive(
-      messaging::PieceInfo{header.message, header.tag, header.total, 0, header.total},
-      [&](const MessageTag& theirs) { return current_.unsolicited(lane.peer, theirs); });
-  if (arrival.problem) {
-    failLocked(arrival.problem->kind, arrival.problem->kind == ErrorKind::kProtocol
-                                          ? arrival.problem->text + " (on " + laneName(lane) + ")"
-                                          : arrival.problem->text);
-    return;
-  }
+  // The whole message as one piece: the book checks it as it checks written pieces.
+  const messaging::MessageBook::Arrival arrival = arriveLocked(
+      lane, messaging::PieceInfo{header.message, header.tag, header.total, 0, header.total},
+      header.magic == PieceHeader::kMagicRendezvousResend);
   if (!arrival.entry || poisoned_.load()) return;  // a duplicate offer, or the buffer may be gone
   auto op = std::make_shared<ReadOp>();
   op->message = header.message;
@@ -313,20 +307,8 @@ void IbverbsTransport::failOverReadsLocked(Lane& lane) {
     reassign(read.op, SendOp::Chunk{read.offset, read.bytes});
     read = Lane::Reading{};
   }
-  const auto rail = static_cast<size_t>(lane.rail);
-  for (auto& op : peer.reading) {
-    auto& chunks = op->per_rail[rail];
-    for (size_t i = op->next[rail]; i < chunks.size(); ++i) {
-      --op->unposted;
-      reassign(op, chunks[i]);
-    }
-    op->next[rail] = chunks.size();
-  }
-  for (auto& op : touched) {
-    if (std::find(peer.reading.begin(), peer.reading.end(), op) == peer.reading.end()) {
-      peer.reading.push_front(op);
-    }
-  }
+  takeUnposted(peer.reading, static_cast<size_t>(lane.rail), reassign);
+  requeue(peer.reading, touched);
   // Ends of reads that may not have arrived: sent again (a second one is ignored).
   peer.fins.insert(peer.fins.begin(), lane.fins.begin(), lane.fins.end());
   lane.fins.clear();
