@@ -158,18 +158,24 @@ inline void checkTwoRankAllreduce(Communicator& comm, int iteration) {
   }
 }
 
-// Every rank's error is a MismatchError naming the all-reduce.
-inline void expectMismatchOnEveryRank(const std::vector<std::exception_ptr>& errors) {
+// Every rank's error is an `E` whose text contains `text`.
+template <typename E>
+void expectOnEveryRank(const std::vector<std::exception_ptr>& errors, const std::string& text) {
   for (size_t r = 0; r < errors.size(); ++r) {
-    ASSERT_TRUE(errors[r]) << "rank " << r << " finished a mismatched all-reduce";
+    ASSERT_TRUE(errors[r]) << "rank " << r << " finished without an error";
     try {
       std::rethrow_exception(errors[r]);
-    } catch (const MismatchError& e) {
-      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    } catch (const E& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": not a MismatchError: " << e.what();
+      ADD_FAILURE() << "rank " << r << ": not the expected error type: " << e.what();
     }
   }
+}
+
+// Every rank's error is a MismatchError naming the all-reduce.
+inline void expectMismatchOnEveryRank(const std::vector<std::exception_ptr>& errors) {
+  expectOnEveryRank<MismatchError>(errors, "allreduce");
 }
 
 }  // namespace railshard
