@@ -102,6 +102,24 @@ void IbverbsTransport::onRendezvousLocked(Lane& lane, const PieceHeader& header,
   } else {
     op->dest = entry.base();
   }
+  // Striped as a send of the same size would be; each rail's share read in pieces. Planned
+  // before anything is registered: split() throws when no rail is up.
+  op->per_rail.resize(peer.lanes.size());
+  op->next.assign(peer.lanes.size(), 0);
+  for (const auto& piece : peer.scheduler->split(op->total)) {
+    if (piece.rail == peer.tcp_rail) {
+      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
+                                           " offered a read on a pair striped over TCP");
+      return;
+    }
+    auto& chunks = op->per_rail[static_cast<size_t>(piece.rail)];
+    for (size_t done = 0; done < piece.length;) {
+      const size_t length = std::min(kReadPieceBytes, piece.length - done);
+      chunks.push_back(SendOp::Chunk{piece.offset + done, length});
+      done += length;
+      ++op->unposted;
+    }
+  }
   op->regions.api = &api_;
   op->regions.mrs.assign(rails_.size(), nullptr);
   for (const Lane* other : peer.lanes) {
@@ -119,23 +137,6 @@ void IbverbsTransport::onRendezvousLocked(Lane& lane, const PieceHeader& header,
       return;
     }
     op->regions.mrs[rail] = mr;
-  }
-  // Striped as a send of the same size would be; each rail's share read in pieces.
-  op->per_rail.resize(peer.lanes.size());
-  op->next.assign(peer.lanes.size(), 0);
-  for (const auto& piece : peer.scheduler->split(op->total)) {
-    if (piece.rail == peer.tcp_rail) {
-      failLocked(ErrorKind::kProtocol, "rank " + std::to_string(options_.rank) + ": " + from +
-                                           " offered a read on a pair striped over TCP");
-      return;
-    }
-    auto& chunks = op->per_rail[static_cast<size_t>(piece.rail)];
-    for (size_t done = 0; done < piece.length;) {
-      const size_t length = std::min(kReadPieceBytes, piece.length - done);
-      chunks.push_back(SendOp::Chunk{piece.offset + done, length});
-      done += length;
-      ++op->unposted;
-    }
   }
   peer.reading.push_back(op);
   pumpReadsLocked(peer);
