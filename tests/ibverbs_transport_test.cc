@@ -24,6 +24,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -239,6 +240,47 @@ TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
                 reason.find("asynchronous event") != std::string::npos)
         << "rank " << r << " should report the failed rail and why: '" << reason << "'";
   }
+}
+
+// One end of a lane fails on its own while both ranks are idle (the other end stays up, and
+// with nothing in flight there it would find out only when it next sends on it, or never if
+// it waits for credits): the failing end tells the other on the second rail at once; both
+// move to it and every all-reduce stays exact.
+TEST_F(OverEmulation, ALaneFailingAtOneEndIsToldToTheOtherEnd) {
+  constexpr int kSize = 2;
+  Config config = rdmaConfig();
+  config.rail_weights = RailWeights::kStatic;
+  config.chunk_bytes = 1 << 20;
+  config.timeout = std::chrono::seconds(20);
+  std::vector<std::string> down(kSize);
+  test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
+    for (int iteration = 0; iteration < 20; ++iteration) {
+      checkTwoRankAllreduce(comm, iteration);
+      if (::testing::Test::HasFatalFailure()) return;
+      if (iteration != 3) continue;
+      if (comm.rank() == 1) {
+        bool broken = false;
+        for (uint32_t qpn = 1; qpn < 100000 && !broken; ++qpn) {
+          broken = hooks_.break_qp_one_side(qpn, IBV_WC_LOC_QP_OP_ERR) == 0;
+        }
+        ASSERT_TRUE(broken) << "no queue pair to break";
+      }
+      // Idle: nothing is sent until both ranks have looked at their rails.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      for (const auto& rail : comm.transport().rails()) {
+        if (!rail.up) down[static_cast<size_t>(comm.rank())] = rail.down_reason;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }));
+  int told = 0;
+  for (int r = 0; r < kSize; ++r) {
+    const std::string& reason = down[static_cast<size_t>(r)];
+    EXPECT_NE(reason, "") << "rank " << r << " still had both rails up";
+    if (reason.find("side failed (it said so on RDMA rail") != std::string::npos) ++told;
+  }
+  EXPECT_EQ(told, 1) << "the end that did not fail should have been told: '" << down[0] << "' / '"
+                     << down[1] << "'";
 }
 
 TEST_F(OverEmulation, AFailedQueuePairIsPeerLostErrorWithTheVerbsStatusOnEveryRank) {

@@ -24,12 +24,15 @@ namespace railshard {
 // The emulation's test hooks (same handle the transport dlopen()s: same path).
 struct FakeHooks {
   int (*break_qp)(uint32_t, int) = nullptr;
+  int (*break_qp_one_side)(uint32_t, int) = nullptr;
   uint64_t (*bytes_written)(const char*) = nullptr;
   int (*live_objects)() = nullptr;
   FakeHooks() {
     void* handle = ::dlopen(FAKE_IBVERBS_PATH, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) return;
     break_qp = reinterpret_cast<int (*)(uint32_t, int)>(::dlsym(handle, "fake_ibverbs_break_qp"));
+    break_qp_one_side =
+        reinterpret_cast<int (*)(uint32_t, int)>(::dlsym(handle, "fake_ibverbs_break_qp_one_side"));
     bytes_written =
         reinterpret_cast<uint64_t (*)(const char*)>(::dlsym(handle, "fake_ibverbs_bytes_written"));
     live_objects = reinterpret_cast<int (*)()>(::dlsym(handle, "fake_ibverbs_live_objects"));

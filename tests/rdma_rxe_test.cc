@@ -257,6 +257,11 @@ TEST_F(OverRxe, ZeroCopyRendezvousReadsInPlaceAndAutoStagesOnSoftRoce) {
   Config config = rxeConfig();
   config.ib_rendezvous = 256 << 10;
   config.ib_rendezvous_auto = false;
+  // No link is cut here: the default retry budget (1.07 s x 7). With rxeConfig()'s 268 ms x 3
+  // a write queued behind the peer's read responses now and then ran out of retries under
+  // emulation (the lane failed over; on one rail that would be a PeerLostError).
+  config.ib_timeout = 18;
+  config.ib_retry_cnt = 7;
   std::vector<uint64_t> moved(2);
   test::rethrowFirst(withRanks(2, lanes, config, [&](Communicator& comm) {
     test::checkEveryAllreduce(comm, {70000, 600000}, kAnyAlgorithm);

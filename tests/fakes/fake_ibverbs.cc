@@ -35,7 +35,7 @@
 //    state, including ERR entered through a failed WR or a break.
 //  - fork(): the child keeps a copy of every object and gets its own wire thread.
 //
-// Test hooks (extern "C"): fake_ibverbs_break_qp, fake_ibverbs_bytes_written,
+// Test hooks (extern "C"): fake_ibverbs_break_qp[_one_side], fake_ibverbs_bytes_written,
 // fake_ibverbs_last_error, fake_ibverbs_live_objects; see the end of this file.
 
 #include <infiniband/verbs.h>
@@ -1697,6 +1697,25 @@ FAKE_EXPORT int fake_ibverbs_break_qp(uint32_t qp_num, int status) {
   if (qp.state_ == IBV_QPS_ERR) schedule(qp);  // already errored: pending WRs pick it up
   enterError(qp);
   if (peer != nullptr) enterError(*peer);
+  ibv_async_event event{};
+  event.element.qp = &qp.pub_;
+  event.event_type = IBV_EVENT_QP_FATAL;
+  queueAsync(*qp.pd_->ctx_, event);
+  return 0;
+}
+
+// Like fake_ibverbs_break_qp, but only this end fails (a local error on one host): the
+// connected QP stays in RTS and learns of it only by sending to this one.
+FAKE_EXPORT int fake_ibverbs_break_qp_one_side(uint32_t qp_num, int status) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.qp_by_num_.find(qp_num);
+  if (it == s.qp_by_num_.end()) return ENOENT;
+  if (status <= IBV_WC_SUCCESS || status > IBV_WC_TM_RNDV_INCOMPLETE) return EINVAL;
+  Qp& qp = *it->second;
+  qp.break_status_ = status;
+  if (qp.state_ == IBV_QPS_ERR) schedule(qp);
+  enterError(qp);
   ibv_async_event event{};
   event.element.qp = &qp.pub_;
   event.event_type = IBV_EVENT_QP_FATAL;

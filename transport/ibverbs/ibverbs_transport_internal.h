@@ -21,14 +21,24 @@ constexpr size_t kHeaderBytes = sizeof(PieceHeader);
 // RDMA reads outstanding per lane (the rendezvous), at most; the HCA may allow fewer.
 constexpr int kMaxReadDepth = 8;
 // A rendezvous message is read in pieces of at most this: the unit the rail scheduler times
-// and a failed lane's reads move in.
-constexpr size_t kReadPieceBytes = size_t{1} << 20;
+// and a failed lane's reads move in. Depth x piece (2 MiB) is what a lane has requested and
+// not yet received: it must arrive well within the ACK timeout, or the requester retries
+// reads the responder is still serving (seen over rxe with 8 x 1 MiB and a 268 ms timeout;
+// 1 MiB pieces were no faster there than 256 KiB ones).
+constexpr size_t kReadPieceBytes = size_t{256} << 10;
 // Rendezvous sends to one peer awaiting their kFin at once: the peer's fin writes must find
 // receives posted (each lane has 8 beyond its ring; credit writes take at most 2).
 constexpr size_t kMaxRendezvousInFlight = 4;
 
 // wr_id: lane index (32 bits) | kind (8) | slot, count, read slot or message (24).
-enum class WorkKind : uint8_t { kData = 1, kCredit = 2, kRecv = 3, kRead = 4, kFin = 5 };
+enum class WorkKind : uint8_t {
+  kData = 1,
+  kCredit = 2,
+  kRecv = 3,
+  kRead = 4,
+  kFin = 5,
+  kNotice = 6
+};
 inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
   return (uint64_t{lane} << 32) | (uint64_t{static_cast<uint8_t>(kind)} << 24) |
          (value & 0xffffffu);
@@ -207,8 +217,9 @@ struct IbverbsTransport::Peer {
   std::deque<std::shared_ptr<ReadOp>> reading;  // rendezvous reads not fully posted
   // Rendezvous sends waiting for the peer's kFin, by the low 24 bits of the message number.
   std::map<uint32_t, std::shared_ptr<SendOp>> awaiting_fin;
-  std::deque<uint32_t> fins;  // kFin writes to post (a lane was busy or failed)
-  int tcp_rail = -1;          // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
+  std::deque<uint32_t> fins;        // kFin writes to post (a lane was busy or failed)
+  std::deque<uint32_t> lanes_down;  // kLaneDown notices to post: rails whose lane failed here
+  int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this
   // rank asks the peer for something; then it is the PeerLostError.

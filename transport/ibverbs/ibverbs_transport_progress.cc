@@ -135,6 +135,7 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         break;
       }
       case WorkKind::kCredit:
+      case WorkKind::kNotice:
         --lane.send_outstanding;
         returnCreditsLocked(lane, false);
         pumpLocked(peer);
@@ -142,6 +143,10 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         pumpFinsLocked(peer);
         break;
       case WorkKind::kRead:
+        // A read that finished on a lane already failed was handed to another lane (and read
+        // again there). Pieces that landed are still taken (kRecv): their writer saw them
+        // acknowledged and will not send them again.
+        if (lane.failed) break;
         onReadDoneLocked(lane, workValue(wc.wr_id));
         pumpReadsLocked(peer);
         pumpFinsLocked(peer);
@@ -167,6 +172,16 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
           pumpLocked(peer);
         } else if (imm.kind == ImmKind::kFin) {
           onFinLocked(peer, imm.value);
+        } else if (imm.kind == ImmKind::kLaneDown) {
+          // The peer's side of another lane failed: its queue pair no longer answers, and
+          // this side may have nothing in flight there to find out (waiting for credits).
+          if (imm.value >= peer.lanes.size()) throw ProtocolError("a lane-down notice for no lane");
+          Lane& down = *peer.lanes[imm.value];
+          if (!down.failed) {
+            down.failed = true;
+            laneFailedLocked(down, laneName(down) + ": rank " + std::to_string(peer.rank) +
+                                       "'s side failed (it said so on " + laneName(lane) + ")");
+          }
         } else {
           onPieceLocked(lane, imm.value, wc.byte_len);
         }
@@ -270,7 +285,18 @@ void IbverbsTransport::failLocked(ErrorKind kind, const std::string& message) {
 void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
   lane.failed = true;
   Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
-  if (failOverLocked(lane, what)) return;
+  // Stopped before its work moves: a read still running on it could otherwise land in a
+  // buffer after the same bytes were read again and the caller reused it.
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  (void)api_.modify_qp(lane.qp, &error, IBV_QP_STATE);
+  if (failOverLocked(lane, what)) {
+    // The peer's side may still be up and waiting (for credits, say) with nothing in flight
+    // that would time out: it is told on a lane that works.
+    peer.lanes_down.push_back(static_cast<uint32_t>(lane.rail));
+    pumpFinsLocked(peer);
+    return;
+  }
   const std::string message = "rank " + std::to_string(options_.rank) + ": lost rank " +
                               std::to_string(lane.peer) + ": " + what;
   const bool known = std::any_of(rdma_lost_.begin(), rdma_lost_.end(),

@@ -233,7 +233,8 @@ void IbverbsTransport::onReadDoneLocked(Lane& lane, uint32_t slot) {
 
 void IbverbsTransport::pumpFinsLocked(Peer& peer) {
   if (poisoned_.load()) return;
-  while (!peer.fins.empty()) {
+  // Lane-down notices first (they unblock the peer), then ends of reads.
+  while (!peer.lanes_down.empty() || !peer.fins.empty()) {
     Lane* lane = nullptr;
     for (Lane* candidate : peer.lanes) {
       if (!candidate->failed && candidate->send_outstanding < candidate->send_depth) {
@@ -242,13 +243,15 @@ void IbverbsTransport::pumpFinsLocked(Peer& peer) {
       }
     }
     if (lane == nullptr) return;  // posted when a completion frees room (or a lane fails over)
-    const uint32_t value = peer.fins.front();
+    const bool notice = !peer.lanes_down.empty();
+    const uint32_t value = notice ? peer.lanes_down.front() : peer.fins.front();
     ibv_send_wr wr{};
-    wr.wr_id = makeWorkId(lane->index, WorkKind::kFin, value);
+    wr.wr_id = makeWorkId(lane->index, notice ? WorkKind::kNotice : WorkKind::kFin, value);
     wr.num_sge = 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = htonl(encodeImmediate(Immediate{ImmKind::kFin, value}));
+    wr.imm_data =
+        htonl(encodeImmediate(Immediate{notice ? ImmKind::kLaneDown : ImmKind::kFin, value}));
     wr.wr.rdma.remote_addr = lane->remote.ring_addr;
     wr.wr.rdma.rkey = lane->remote.ring_rkey;
     ibv_send_wr* bad = nullptr;
@@ -259,9 +262,13 @@ void IbverbsTransport::pumpFinsLocked(Peer& peer) {
                      ": ibv_post_send of a read's end failed: " + std::strerror(rc));
       return;
     }
+    ++lane->send_outstanding;
+    if (notice) {
+      peer.lanes_down.pop_front();  // best effort: a lane failing under it is noticed itself
+      continue;
+    }
     peer.fins.pop_front();
     lane->fins.push_back(value);
-    ++lane->send_outstanding;
   }
 }
 

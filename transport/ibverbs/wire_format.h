@@ -75,9 +75,10 @@ struct ReadDescriptor {
 };
 
 // The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, the
-// receiver hands `value` slots back to the sender (a zero-length write), or it finished
-// reading the rendezvous message whose number's low 24 bits are `value` (zero-length).
-enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2 };
+// receiver hands `value` slots back to the sender (a zero-length write), it finished
+// reading the rendezvous message whose number's low 24 bits are `value` (zero-length), or
+// the sender's side of the lane on rail `value` failed (zero-length, on another lane).
+enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2, kLaneDown = 3 };
 struct Immediate {
   ImmKind kind = ImmKind::kData;
   uint32_t value = 0;  // 24 bits: slot index, credit count or message number

@@ -43,8 +43,12 @@ route() {
   ip route replace "10.$((210 + r)).0.0/24" dev "$d" table "$table"
   for p in $(seq 0 $((hosts - 1))); do
     [ "$p" = "$h" ] && continue
-    ip rule show pref 10 | grep -qF "to $(addr "$p" "$r") oif $d lookup $table" ||
-      ip rule add pref 10 oif "$d" to "$(addr "$p" "$r")" lookup "$table"
+    # Added once; `ip rule show` may print the oif as "h1r1 [detached]" while it is down, and
+    # a rule that exists already is fine (`link ... up` runs this again).
+    if ! ip rule show pref 10 | grep -qF "to $(addr "$p" "$r") oif $d "; then
+      ip rule add pref 10 oif "$d" to "$(addr "$p" "$r")" lookup "$table" 2>"$state/rule.err" ||
+        grep -q "File exists" "$state/rule.err" || { cat "$state/rule.err" >&2; return 1; }
+    fi
     ip neigh replace "$(addr "$p" "$r")" dev "$d" nud permanent \
       lladdr "$(cat "/sys/class/net/$(dev "$p" "$r")/address")"
   done
