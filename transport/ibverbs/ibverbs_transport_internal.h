@@ -46,10 +46,25 @@ inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
 inline uint32_t workLane(uint64_t id) {
   return static_cast<uint32_t>(id >> 32);
 }
-// A rendezvous message in a kFin immediate and in the sender's books: the low 24 bits of its
+// A rendezvous message in the sender's books and in a kFin immediate: the low 16 bits of its
 // number (at most kMaxRendezvousInFlight are pending, so they never collide).
 inline uint32_t finValue(uint64_t message) {
-  return static_cast<uint32_t>(message & 0xffffffu);
+  return static_cast<uint32_t>(message & 0xffffu);
+}
+// The receiver writes one kFin on each lane it read the message on, after that lane's reads:
+// a read request the HCA sent again (its response was late) travels ahead of the kFin on the
+// same queue pair, so the responder serves it before the sender deregisters. The immediate
+// says which lane (rail, 4 bits) and how many kFins to expect (4 bits); the sender
+// deregisters when it has them all. Pairs of more than kMaxFinRails rails stay staged.
+constexpr uint32_t kMaxFinRails = 15;
+inline uint32_t finImmediate(uint64_t message, uint32_t rail, uint32_t lanes) {
+  return finValue(message) | (rail << 16) | (lanes << 20);
+}
+inline uint32_t finRail(uint32_t value) {
+  return (value >> 16) & 0xfu;
+}
+inline uint32_t finLanes(uint32_t value) {
+  return (value >> 20) & 0xfu;
 }
 inline WorkKind workKind(uint64_t id) {
   return static_cast<WorkKind>((id >> 24) & 0xff);
@@ -165,6 +180,7 @@ struct IbverbsTransport::SendOp : Request {
   // a kFin, which completes the send.
   bool rendezvous = false;
   bool fin = false;
+  uint32_t fin_rails = 0;  // rails whose kFin arrived (bit per rail)
   UserRegions regions;
   std::vector<uint8_t> descriptor;  // the piece written: a ReadDescriptor
   // Pieces over TCP (RAILSHARD_STRIPE_TCP), guarded by the transport's mutex until
@@ -198,6 +214,7 @@ struct IbverbsTransport::ReadOp {
   size_t unposted = 0;
   size_t outstanding = 0;
   uint64_t total = 0;
+  uint32_t rails_read = 0;  // rails a read of it went on (bit per rail): a kFin on each
 };
 
 struct IbverbsTransport::RecvOp : Request {
@@ -217,7 +234,13 @@ struct IbverbsTransport::Peer {
   std::deque<std::shared_ptr<ReadOp>> reading;  // rendezvous reads not fully posted
   // Rendezvous sends waiting for the peer's kFin, by the low 24 bits of the message number.
   std::map<uint32_t, std::shared_ptr<SendOp>> awaiting_fin;
-  std::deque<uint32_t> fins;        // kFin writes to post (a lane was busy or failed)
+  // kFin writes to post: the immediate's value, and the rail it must go on (-1: any lane, its
+  // own having failed).
+  struct Fin {
+    uint32_t value = 0;
+    int rail = -1;
+  };
+  std::deque<Fin> fins;
   std::deque<uint32_t> lanes_down;  // kLaneDown notices to post: rails whose lane failed here
   int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its

@@ -6,7 +6,8 @@
 // destination (the receive's buffer, or the staging buffer when the receive is not posted
 // yet) and reads the message with RDMA READs straight into it, cut into pieces striped over
 // the lanes by the rail scheduler, which times them as it times writes. When every read is
-// done it writes a zero-length kFin; the sender then deregisters and completes the send. Each
+// done it writes a zero-length kFin on each lane it read on (behind any read request the HCA
+// repeated there); with all of them the sender deregisters and completes the send. Each
 // byte crosses the wire once and no CPU copies it (the staged path copies it twice).
 //
 // Registration is per message: the sender's buffer from isend() until the kFin, the receiver's
@@ -36,6 +37,7 @@ bool IbverbsTransport::prepareRendezvousLocked(Peer& peer, SendOp& op) {
       peer.tcp_rail >= 0) {
     return false;
   }
+  if (peer.lanes.size() > kMaxFinRails) return false;
   for (const Lane* lane : peer.lanes) {
     if (lane->reads.empty()) return false;  // the peer (or this HCA) does not read
   }
@@ -184,6 +186,7 @@ void IbverbsTransport::pumpReadsLocked(Peer& peer) {
                                    trace::enabled() ? trace::now() : 0};
         ++lane.send_outstanding;
         ++op->outstanding;
+        op->rails_read |= 1u << lane.rail;
       }
       if (op->next[r] < chunks.size()) blocked[r] = true;
     }
@@ -227,7 +230,11 @@ void IbverbsTransport::onReadDoneLocked(Lane& lane, uint32_t slot) {
     }
     completeLocked(whole->request);
   }
-  peer.fins.push_back(finValue(op.message));
+  const auto lanes = static_cast<uint32_t>(__builtin_popcount(op.rails_read));
+  for (uint32_t rail = 0; rail < kMaxFinRails; ++rail) {
+    if ((op.rails_read & (1u << rail)) == 0) continue;
+    peer.fins.push_back(Peer::Fin{finImmediate(op.message, rail, lanes), static_cast<int>(rail)});
+  }
   pumpFinsLocked(peer);
 }
 
@@ -235,16 +242,26 @@ void IbverbsTransport::pumpFinsLocked(Peer& peer) {
   if (poisoned_.load()) return;
   // Lane-down notices first (they unblock the peer), then ends of reads.
   while (!peer.lanes_down.empty() || !peer.fins.empty()) {
+    const bool notice = !peer.lanes_down.empty();
+    const int rail = notice ? -1 : peer.fins.front().rail;
+    const auto room = [](const Lane* lane) {
+      return !lane->failed && lane->send_outstanding < lane->send_depth;
+    };
     Lane* lane = nullptr;
-    for (Lane* candidate : peer.lanes) {
-      if (!candidate->failed && candidate->send_outstanding < candidate->send_depth) {
-        lane = candidate;
-        break;
+    if (rail >= 0 && !peer.lanes[static_cast<size_t>(rail)]->failed) {
+      // Its own lane, behind its reads; when that lane is busy, wait for room there.
+      lane = peer.lanes[static_cast<size_t>(rail)];
+      if (!room(lane)) return;
+    } else {
+      for (Lane* candidate : peer.lanes) {
+        if (room(candidate)) {
+          lane = candidate;
+          break;
+        }
       }
     }
     if (lane == nullptr) return;  // posted when a completion frees room (or a lane fails over)
-    const bool notice = !peer.lanes_down.empty();
-    const uint32_t value = notice ? peer.lanes_down.front() : peer.fins.front();
+    const uint32_t value = notice ? peer.lanes_down.front() : peer.fins.front().value;
     ibv_send_wr wr{};
     wr.wr_id = makeWorkId(lane->index, notice ? WorkKind::kNotice : WorkKind::kFin, value);
     wr.num_sge = 0;
@@ -273,7 +290,7 @@ void IbverbsTransport::pumpFinsLocked(Peer& peer) {
 }
 
 void IbverbsTransport::onFinLocked(Peer& peer, uint32_t value) {
-  const auto it = peer.awaiting_fin.find(value);
+  const auto it = peer.awaiting_fin.find(value & 0xffffu);
   if (it == peer.awaiting_fin.end()) {
     // Sent again after the lane carrying the first one failed unacknowledged: both arrived.
     RS_LOG_DEBUG("rank {}: ibverbs: a second end of read {} from rank {}", options_.rank, value,
@@ -281,6 +298,10 @@ void IbverbsTransport::onFinLocked(Peer& peer, uint32_t value) {
     return;
   }
   const std::shared_ptr<SendOp> op = it->second;
+  op->fin_rails |= 1u << finRail(value);
+  // Deregistered only once every lane that read it said so (a second kFin of one lane, sent
+  // again after a failover, counts once).
+  if (static_cast<uint32_t>(__builtin_popcount(op->fin_rails)) < finLanes(value)) return;
   peer.awaiting_fin.erase(it);
   op->regions.release();
   op->fin = true;
@@ -318,7 +339,9 @@ void IbverbsTransport::failOverReadsLocked(Lane& lane) {
   takeUnposted(peer.reading, static_cast<size_t>(lane.rail), reassign);
   requeue(peer.reading, touched);
   // Ends of reads that may not have arrived: sent again (a second one is ignored).
-  peer.fins.insert(peer.fins.begin(), lane.fins.begin(), lane.fins.end());
+  for (auto fin = lane.fins.rbegin(); fin != lane.fins.rend(); ++fin) {
+    peer.fins.push_front(Peer::Fin{*fin, -1});
+  }
   lane.fins.clear();
   pumpReadsLocked(peer);
   pumpFinsLocked(peer);

@@ -61,8 +61,8 @@ no_skips() {
     return 1
   fi
 }
-# The rendezvous forced on over rxe only with RAILSHARD_TEST_RXE_RENDEZVOUS=1 (it loses a queue
-# pair now and then: docs/rdma.md "Known problem"); left out by name, not skipped, so any skip
+# The rendezvous forced on over rxe only with RAILSHARD_TEST_RXE_RENDEZVOUS=1 (until more runs
+# back the fix in docs/rdma.md "Found over rxe"); left out by name, not skipped, so any skip
 # still fails the step.
 rendezvous=(--gtest_filter='-*ZeroCopyRendezvous*:*RailCut*/Rendezvous')
 [ "${RAILSHARD_TEST_RXE_RENDEZVOUS:-0}" = 1 ] && rendezvous=()
