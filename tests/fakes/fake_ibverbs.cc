@@ -1685,14 +1685,17 @@ FAKE_EXPORT int ibv_fork_init(void) {
 // outstanding send WR (or, with none outstanding, the next one posted) completes with `status`
 // and the rest flush; receives on both flush; IBV_EVENT_QP_FATAL for this QP is queued on its
 // context. Returns 0, ENOENT for an unknown QP number, EINVAL for a status that is not an error.
-FAKE_EXPORT int fake_ibverbs_break_qp(uint32_t qp_num, int status) {
+namespace {
+// fake_ibverbs_break_qp[_one_side]: the QP (and its connected peer when `both`) in error,
+// the next failing WR with `status`, and a QP_FATAL event.
+int breakQp(uint32_t qp_num, int status, bool both) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.qp_by_num_.find(qp_num);
   if (it == s.qp_by_num_.end()) return ENOENT;
   if (status <= IBV_WC_SUCCESS || status > IBV_WC_TM_RNDV_INCOMPLETE) return EINVAL;
   Qp& qp = *it->second;
-  Qp* peer = peerOf(qp);
+  Qp* peer = both ? peerOf(qp) : nullptr;
   qp.break_status_ = status;
   if (qp.state_ == IBV_QPS_ERR) schedule(qp);  // already errored: pending WRs pick it up
   enterError(qp);
@@ -1703,24 +1706,16 @@ FAKE_EXPORT int fake_ibverbs_break_qp(uint32_t qp_num, int status) {
   queueAsync(*qp.pd_->ctx_, event);
   return 0;
 }
+}  // namespace
+
+FAKE_EXPORT int fake_ibverbs_break_qp(uint32_t qp_num, int status) {
+  return breakQp(qp_num, status, true);
+}
 
 // Like fake_ibverbs_break_qp, but only this end fails (a local error on one host): the
 // connected QP stays in RTS and learns of it only by sending to this one.
 FAKE_EXPORT int fake_ibverbs_break_qp_one_side(uint32_t qp_num, int status) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu_);
-  auto it = s.qp_by_num_.find(qp_num);
-  if (it == s.qp_by_num_.end()) return ENOENT;
-  if (status <= IBV_WC_SUCCESS || status > IBV_WC_TM_RNDV_INCOMPLETE) return EINVAL;
-  Qp& qp = *it->second;
-  qp.break_status_ = status;
-  if (qp.state_ == IBV_QPS_ERR) schedule(qp);
-  enterError(qp);
-  ibv_async_event event{};
-  event.element.qp = &qp.pub_;
-  event.event_type = IBV_EVENT_QP_FATAL;
-  queueAsync(*qp.pd_->ctx_, event);
-  return 0;
+  return breakQp(qp_num, status, false);
 }
 
 // Payload bytes successfully RDMA-written by QPs of the named device since the process began.
