@@ -100,6 +100,10 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   // from then on); a problem poisons the transport and comes back with no entry.
   messaging::MessageBook::Arrival arriveLocked(Lane& lane, const messaging::PieceInfo& piece,
                                                bool resent);
+  // `bytes` of a message landed where arrive() said (any link: a written piece, a whole
+  // read, a TCP piece); completes its receive when that was the last, copying the staged
+  // message in first. False after failLocked().
+  bool landedLocked(Peer& peer, uint64_t message, messaging::Incoming& entry, uint64_t bytes);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
   // ibverbs_transport_rendezvous.cc: large host messages read in place (zero-copy).
@@ -121,6 +125,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void progressLoop();
   bool pollCompletions();
   void handleCompletionLocked(const ibv_wc& wc);
+  // A send-queue entry of `lane` came free: everything waiting for room to `peer` (pieces,
+  // credits, reads, fins) is posted as far as it fits.
+  void postWhatFitsLocked(Peer& peer, Lane& lane);
   void waitForEvents();
   void handleAsyncEvent(Rail& rail);
   void failLocked(ErrorKind kind, const std::string& message);

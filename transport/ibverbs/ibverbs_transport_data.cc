@@ -299,18 +299,23 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
                                                   header.offset, payload, header.length)) {
       return;
     }
-    if (messaging::IncomingPtr done = peer.book.landed(header.message, entry, header.length)) {
-      // Staged, and its receive was posted meanwhile: one copy into the receive's buffer.
-      auto& op = static_cast<RecvOp&>(*done->request);
-      if (done->staging && done->total > 0 &&
-          !copyInLocked(op, 0, done->staged.data(), done->total)) {
-        return;
-      }
-      completeLocked(done->request);
-    }
+    if (!landedLocked(peer, header.message, entry, header.length)) return;
   }
   lane.recv->release(slot);
   returnCreditsLocked(lane, false);
+}
+
+bool IbverbsTransport::landedLocked(Peer& peer, uint64_t message, messaging::Incoming& entry,
+                                    uint64_t bytes) {
+  messaging::IncomingPtr done = peer.book.landed(message, entry, bytes);
+  if (!done) return true;
+  // Staged, and its receive was posted meanwhile: one copy into the receive's buffer.
+  if (done->staging && done->total > 0 &&
+      !copyInLocked(static_cast<RecvOp&>(*done->request), 0, done->staged.data(), done->total)) {
+    return false;
+  }
+  completeLocked(done->request);
+  return true;
 }
 
 messaging::MessageBook::Arrival IbverbsTransport::arriveLocked(Lane& lane,

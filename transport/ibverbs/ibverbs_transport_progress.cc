@@ -128,19 +128,13 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
           --done.op->outstanding;
           maybeSendDoneLocked(done.op);
         }
-        pumpLocked(peer);
-        returnCreditsLocked(lane, false);
-        pumpReadsLocked(peer);
-        pumpFinsLocked(peer);
+        postWhatFitsLocked(peer, lane);
         break;
       }
       case WorkKind::kCredit:
       case WorkKind::kNotice:
         --lane.send_outstanding;
-        returnCreditsLocked(lane, false);
-        pumpLocked(peer);
-        pumpReadsLocked(peer);
-        pumpFinsLocked(peer);
+        postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kRead:
         // A read that finished on a lane already failed was handed to another lane (and read
@@ -148,18 +142,12 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         // acknowledged and will not send them again.
         if (lane.failed) break;
         onReadDoneLocked(lane, workValue(wc.wr_id));
-        pumpReadsLocked(peer);
-        pumpFinsLocked(peer);
-        returnCreditsLocked(lane, false);
-        pumpLocked(peer);
+        postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kFin:
         --lane.send_outstanding;
         if (!lane.fins.empty()) lane.fins.pop_front();  // completions come in posting order
-        pumpFinsLocked(peer);
-        pumpReadsLocked(peer);
-        returnCreditsLocked(lane, false);
-        pumpLocked(peer);
+        postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kRecv: {
         postReceives(lane, 1);
@@ -196,6 +184,13 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
   } catch (const Error& e) {
     failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " + e.what());
   }
+}
+
+void IbverbsTransport::postWhatFitsLocked(Peer& peer, Lane& lane) {
+  pumpLocked(peer);
+  returnCreditsLocked(lane, false);
+  pumpReadsLocked(peer);
+  pumpFinsLocked(peer);
 }
 
 void IbverbsTransport::waitForEvents() {

@@ -222,14 +222,7 @@ void IbverbsTransport::onReadDoneLocked(Lane& lane, uint32_t slot) {
       !copyInLocked(static_cast<RecvOp&>(*entry.request), 0, op.bounce.data(), op.total)) {
     return;
   }
-  if (messaging::IncomingPtr whole = peer.book.landed(op.message, entry, op.total)) {
-    // Read while staged, and its receive was posted meanwhile: one copy into its buffer.
-    if (whole->staging && !copyInLocked(static_cast<RecvOp&>(*whole->request), 0,
-                                        whole->staged.data(), whole->total)) {
-      return;
-    }
-    completeLocked(whole->request);
-  }
+  if (!landedLocked(peer, op.message, entry, op.total)) return;
   const auto lanes = static_cast<uint32_t>(__builtin_popcount(op.rails_read));
   for (uint32_t rail = 0; rail < kMaxFinRails; ++rail) {
     if ((op.rails_read & (1u << rail)) == 0) continue;

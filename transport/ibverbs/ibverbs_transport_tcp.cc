@@ -135,14 +135,7 @@ void IbverbsTransport::pieceLanded(int peer_rank, const messaging::PieceInfo& pi
                                              slot->bounce.data(), bytes)) {
     return;
   }
-  if (messaging::IncomingPtr done = peer.book.landed(piece.message, entry, bytes)) {
-    auto& op = static_cast<RecvOp&>(*done->request);
-    if (done->staging && done->total > 0 &&
-        !copyInLocked(op, 0, done->staged.data(), done->total)) {
-      return;
-    }
-    completeLocked(done->request);
-  }
+  landedLocked(peer, piece.message, entry, bytes);
 }
 
 }  // namespace railshard::transport::ibverbs
