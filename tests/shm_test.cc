@@ -79,10 +79,16 @@ TEST(ShmSegment, StaleSegmentsOfDeadCreatorsAreRemoved) {
     const int fd = ::shm_open(path.c_str(), O_CREAT | O_RDWR, 0600);
     ::_exit(fd >= 0 ? 0 : 1);
   }
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  // Wait for the exit without reaping: a zombie's pid still exists, so no other test's
+  // create() (ctest -j 2) removes the name before it is counted here. (A CI run failed on
+  // that race when the child was reaped first.)
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
   const std::string prefix = "railshard-" + std::to_string(child) + "-";
   ASSERT_EQ(countNames(prefix), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   // A live process's name stays.
   const std::string mine = ShmSegment::makeName();
   auto segment = ShmSegment::create(mine, 2, 4096);  // create() runs removeStale() first
