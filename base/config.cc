@@ -191,6 +191,12 @@ const std::vector<Config::Variable>& Config::variables() {
            c.ib_rendezvous = v == "off" || v == "0" ? 0 : parseBytes("RAILSHARD_IB_RENDEZVOUS", v);
          }
        }},
+      {"RAILSHARD_IB_RENDEZVOUS_VERB", "auto",
+       "How a rendezvous message moves: read (the receiver reads the sender's buffer after "
+       "one offer) or write (the receiver grants its buffer, the sender writes into it: one "
+       "more message, but RDMA WRITE instead of READ). auto: read on RDMA hardware, write on "
+       "software devices (rxe's READ is its slow verb). A pair that cannot read writes.",
+       [](Config& c, const std::string& v) { c.ib_rendezvous_verb = rendezvousVerbFrom(v); }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
@@ -403,6 +409,10 @@ const Names<RailWeights> kRailWeightNames{"RAILSHARD_RAIL_WEIGHTS",
                                           {{RailWeights::kAdaptive, "adaptive"},
                                            {RailWeights::kStatic, "static"},
                                            {RailWeights::kEqual, "equal"}}};
+const Names<RendezvousVerb> kRendezvousVerbNames{"RAILSHARD_IB_RENDEZVOUS_VERB",
+                                                 {{RendezvousVerb::kAuto, "auto"},
+                                                  {RendezvousVerb::kRead, "read"},
+                                                  {RendezvousVerb::kWrite, "write"}}};
 const Names<NcclMode> kNcclNames{
     "RAILSHARD_NCCL", {{NcclMode::kAuto, "auto"}, {NcclMode::kOn, "on"}, {NcclMode::kOff, "off"}}};
 const Names<LogLevel> kLogLevelNames{"RAILSHARD_LOG_LEVEL",
@@ -425,6 +435,9 @@ std::string_view name(RailWeights weights) {
 std::string_view name(NcclMode mode) {
   return kNcclNames.of(mode);
 }
+std::string_view name(RendezvousVerb verb) {
+  return kRendezvousVerbNames.of(verb);
+}
 std::string_view name(LogLevel level) {
   return kLogLevelNames.of(level);
 }
@@ -433,6 +446,9 @@ TransportKind transportKindFrom(const std::string& text) {
 }
 RailWeights railWeightsFrom(const std::string& text) {
   return kRailWeightNames.from(text);
+}
+RendezvousVerb rendezvousVerbFrom(const std::string& text) {
+  return kRendezvousVerbNames.from(text);
 }
 NcclMode ncclModeFrom(const std::string& text) {
   return kNcclNames.from(text);
@@ -471,6 +487,7 @@ std::string Config::describe() const {
       << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="
       << (ib_rendezvous_auto ? std::string("auto") : std::to_string(ib_rendezvous))
+      << " ib_rendezvous_verb=" << name(ib_rendezvous_verb)
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

@@ -15,6 +15,8 @@ namespace railshard {
 enum class TransportKind : uint8_t { kAuto, kTcp, kShm, kIbverbs };
 // RAILSHARD_RAIL_WEIGHTS: how a message between two hosts is split over their rails.
 enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
+// RAILSHARD_IB_RENDEZVOUS_VERB: how a large RDMA message moves in place (docs/rdma.md).
+enum class RendezvousVerb : uint8_t { kAuto, kRead, kWrite };
 // RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
 enum class NcclMode : uint8_t { kAuto, kOn, kOff };
 // RAILSHARD_LOG_LEVEL, least to most severe; kOff logs nothing.
@@ -24,11 +26,13 @@ enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kCritical,
 std::string_view name(TransportKind kind);
 std::string_view name(RailWeights weights);
 std::string_view name(NcclMode mode);
+std::string_view name(RendezvousVerb verb);
 std::string_view name(LogLevel level);
 // From those names; ConfigError naming the variable, the value and the names it takes.
 TransportKind transportKindFrom(const std::string& text);
 RailWeights railWeightsFrom(const std::string& text);
 NcclMode ncclModeFrom(const std::string& text);
+RendezvousVerb rendezvousVerbFrom(const std::string& text);
 LogLevel logLevelFrom(const std::string& text);
 
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
@@ -54,10 +58,11 @@ struct Config {
   size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
   size_t ib_rendezvous = 512 << 10;  // RAILSHARD_IB_RENDEZVOUS; 0 = off
   bool ib_rendezvous_auto = true;    // "auto": 512K, but not on software devices
-  std::string algorithm = "auto";    // RAILSHARD_ALGO: auto or a name from the tuner
-  NcclMode nccl = NcclMode::kAuto;   // RAILSHARD_NCCL
-  size_t shm_slot_bytes = 0;         // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
-  bool p2p_shm = true;               // RAILSHARD_P2P_SHM: same-host messages through shared memory
+  RendezvousVerb ib_rendezvous_verb = RendezvousVerb::kAuto;  // RAILSHARD_IB_RENDEZVOUS_VERB
+  std::string algorithm = "auto";   // RAILSHARD_ALGO: auto or a name from the tuner
+  NcclMode nccl = NcclMode::kAuto;  // RAILSHARD_NCCL
+  size_t shm_slot_bytes = 0;        // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  bool p2p_shm = true;              // RAILSHARD_P2P_SHM: same-host messages through shared memory
   std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
   std::string socket_ifname;             // interface (prefix) whose address peers connect to
   std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here

@@ -42,6 +42,26 @@ TEST(Config, RendezvousThresholdIsAutoASizeOrOff) {
   EXPECT_THROW(parse("sometimes"), ConfigError);
 }
 
+TEST(Config, RendezvousVerbIsAutoReadOrWrite) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_IB_RENDEZVOUS_VERB", value}};
+    return Config::fromEnvironment(&env).ib_rendezvous_verb;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).ib_rendezvous_verb, RendezvousVerb::kAuto);
+  EXPECT_EQ(parse("auto"), RendezvousVerb::kAuto);
+  EXPECT_EQ(parse("read"), RendezvousVerb::kRead);
+  EXPECT_EQ(parse("write"), RendezvousVerb::kWrite);
+  try {
+    parse("put");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_IB_RENDEZVOUS_VERB: unknown value 'put'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, BadValuesNameTheVariableAndValue) {
   auto messageOf = [](const std::string& key, const std::string& value) {
     const std::map<std::string, std::string> env = {{key, value}};

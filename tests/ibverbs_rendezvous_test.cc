@@ -1,11 +1,14 @@
-// The RDMA transport's zero-copy rendezvous (ibverbs_transport_rendezvous.cc) over the
+// The RDMA transport's zero-copy rendezvous (ibverbs_transport_rendezvous*.cc) over the
 // in-process libibverbs emulation: large messages are read by the receiver straight from the
-// sender's buffer. Checked here: the bytes land exactly on both paths (read in place, and
-// copied through the slots with RAILSHARD_IB_RENDEZVOUS=0), whichever of send and receive
-// is posted first, in both directions at once; which path carried them, by the bytes each
-// rank's lanes moved; a queue pair failing while reads are in flight is a PeerLostError on
-// every rank, and no registration outlives the communicators (the fixture counts every verbs
-// object). Over a real verbs stack: tests/rdma_rxe_test.cc in the Soft-RoCE guest.
+// sender's buffer, or written by the sender straight into the buffer the receiver granted.
+// Checked here: the bytes land exactly on the three paths (read, write, and copied through
+// the slots with RAILSHARD_IB_RENDEZVOUS=0), whichever of send and receive is posted first,
+// in both directions at once; which path carried them, by the bytes each rank's lanes moved
+// and the bytes the emulation saw written without an immediate (only the write rendezvous
+// does that); a queue pair failing while one-sided pieces are in flight moves them to the
+// other rail, or is a PeerLostError on every rank without one, and no registration outlives
+// the communicators (the fixture counts every verbs object). Over a real verbs stack:
+// tests/rdma_rxe_test.cc in the Soft-RoCE guest.
 #include <gtest/gtest.h>
 
 #ifdef FAKE_IBVERBS_PATH
@@ -33,6 +36,14 @@ uint64_t bytesMoved(Communicator& comm) {
   uint64_t total = 0;
   for (const auto& rail : comm.transport().rails()) total += rail.bytes_sent;
   return total;
+}
+
+uint64_t plainWritten(const FakeHooks& hooks) {
+  return hooks.plain_write_bytes("fake0") + hooks.plain_write_bytes("fake1");
+}
+
+const char* verbName(RendezvousVerb verb) {
+  return verb == RendezvousVerb::kRead ? "read" : "write";
 }
 
 struct Moved {
@@ -97,9 +108,11 @@ Moved sendEveryWay(const Config& config, const std::vector<size_t>& sizes) {
 }
 
 TEST_F(OverEmulation, RendezvousAndStagedPathsDeliverEveryByteAndTheBytesSayWhichRan) {
+  ASSERT_NE(hooks_.plain_write_bytes, nullptr);
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;  // reads striped over both emulated HCAs
+  config.rail_weights = RailWeights::kStatic;  // one-sided pieces striped over both HCAs
   config.ib_rendezvous = kThreshold;
+  config.ib_rendezvous_verb = RendezvousVerb::kRead;
   // In int32 elements: just below, at and above the threshold, several read pieces, odd sizes.
   const std::vector<size_t> sizes = {kThreshold / 4 - 1, kThreshold / 4, kThreshold / 4 + 1,
                                      (3 << 20) / 4 + 7};
@@ -107,57 +120,88 @@ TEST_F(OverEmulation, RendezvousAndStagedPathsDeliverEveryByteAndTheBytesSayWhic
   uint64_t small = 0;
   for (size_t size : sizes) (size * 4 >= kThreshold ? large : small) += 2 * size * 4;
 
-  const Moved zero_copy = sendEveryWay(config, sizes);
+  uint64_t plain = plainWritten(hooks_);
+  const Moved read = sendEveryWay(config, sizes);
   // The receiver read the large messages; the sender wrote only the small ones (its offers
   // are no payload). Barrier and small collective bytes come on top, a few KiB at most.
-  EXPECT_GE(zero_copy.by_receiver, large);
-  EXPECT_LT(zero_copy.by_receiver, large + (64 << 10));
-  EXPECT_GE(zero_copy.by_sender, small);
-  EXPECT_LT(zero_copy.by_sender, small + (64 << 10));
+  EXPECT_GE(read.by_receiver, large);
+  EXPECT_LT(read.by_receiver, large + (64 << 10));
+  EXPECT_GE(read.by_sender, small);
+  EXPECT_LT(read.by_sender, small + (64 << 10));
+  EXPECT_EQ(plainWritten(hooks_), plain) << "the read rendezvous wrote without an immediate";
+
+  config.ib_rendezvous_verb = RendezvousVerb::kWrite;
+  plain = plainWritten(hooks_);
+  const Moved written = sendEveryWay(config, sizes);
+  // The sender wrote every byte, the large messages' with plain writes: the one-way ones and
+  // both directions' of the both-ways ones (as many bytes again). The receiver only granted.
+  EXPECT_EQ(plainWritten(hooks_) - plain, 2 * large);
+  EXPECT_GE(written.by_sender, large + small);
+  EXPECT_LT(written.by_sender, large + small + (64 << 10));
+  EXPECT_LT(written.by_receiver, 64u << 10);
 
   config.ib_rendezvous = 0;
+  plain = plainWritten(hooks_);
   const Moved staged = sendEveryWay(config, sizes);
   EXPECT_GE(staged.by_sender, large + small);
   EXPECT_LT(staged.by_receiver, 64u << 10);
+  EXPECT_EQ(plainWritten(hooks_), plain) << "the staged path wrote without an immediate";
 }
 
-TEST_F(OverEmulation, RendezvousReadsSurviveARailFailingAndStayExact) {
-  // The reads of a 4 MiB message in flight on both rails when one queue pair breaks: its
-  // reads move to the other rail (a read can be repeated) and every all-reduce stays exact.
-  Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;
-  config.chunk_bytes = 4 << 20;
-  config.ib_rendezvous = kThreshold;
-  std::vector<uint64_t> read(2);
-  test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {
-    for (int iteration = 0; iteration < 20; ++iteration) {
-      checkTwoRankAllreduce(comm, iteration);
-      if (::testing::Test::HasFatalFailure()) return;
-      if (comm.rank() == 1 && iteration == 3) breakFirstQueuePair(hooks_);
+TEST_F(OverEmulation, RendezvousSurvivesARailFailingAndStaysExact) {
+  // The reads (or writes) of a 4 MiB message in flight on both rails when one queue pair
+  // breaks: they move to the other rail (the same bytes to the same place can be moved again)
+  // and every all-reduce stays exact.
+  for (RendezvousVerb verb : {RendezvousVerb::kRead, RendezvousVerb::kWrite}) {
+    SCOPED_TRACE(verbName(verb));
+    Config config = rdmaConfig();
+    config.rail_weights = RailWeights::kStatic;
+    config.chunk_bytes = 4 << 20;
+    config.ib_rendezvous = kThreshold;
+    config.ib_rendezvous_verb = verb;
+    const uint64_t plain = plainWritten(hooks_);
+    std::vector<uint64_t> moved(2);
+    test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {
+      for (int iteration = 0; iteration < 20; ++iteration) {
+        checkTwoRankAllreduce(comm, iteration);
+        if (::testing::Test::HasFatalFailure()) return;
+        if (comm.rank() == 1 && iteration == 3) breakFirstQueuePair(hooks_);
+      }
+      int down = 0;
+      for (const auto& rail : comm.transport().rails()) down += rail.up ? 0 : 1;
+      EXPECT_EQ(down, 1) << "rank " << comm.rank();
+      moved[static_cast<size_t>(comm.rank())] = bytesMoved(comm);
+    }));
+    // 20 exchanges of 600,000 floats' halves: at least 20 x 1.2 MB moved by each rank, in
+    // place (written without an immediate only by the write rendezvous).
+    for (uint64_t bytes : moved) EXPECT_GE(bytes, 20u * 1200000u);
+    if (verb == RendezvousVerb::kWrite) {
+      EXPECT_GE(plainWritten(hooks_) - plain, 2 * 20u * 1200000u);
+    } else {
+      EXPECT_EQ(plainWritten(hooks_), plain);
     }
-    int down = 0;
-    for (const auto& rail : comm.transport().rails()) down += rail.up ? 0 : 1;
-    EXPECT_EQ(down, 1) << "rank " << comm.rank();
-    read[static_cast<size_t>(comm.rank())] = bytesMoved(comm);
-  }));
-  // 20 exchanges of 600,000 floats' halves: at least 20 x 1.2 MB read by each rank.
-  for (uint64_t bytes : read) EXPECT_GE(bytes, 20u * 1200000u);
+  }
 }
 
-TEST_F(OverEmulation, AQueuePairFailingDuringReadsIsPeerLostOnEveryRank) {
+TEST_F(OverEmulation, AQueuePairFailingDuringARendezvousIsPeerLostOnEveryRank) {
   ScopedEnv one_rail("FAKE_IBVERBS_DEVICES", "1");  // nothing to fail over to
-  Config config = rdmaConfig();
-  config.chunk_bytes = 4 << 20;
-  config.ib_rendezvous = kThreshold;
-  const auto errors = withRanks(3, config, [&](Communicator& comm) {
-    std::vector<float> data(1 << 20, 1.0f);
-    for (int i = 0; i < 200; ++i) {
-      comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
-      if (comm.rank() == 1 && i == 2) breakFirstQueuePair(hooks_);
-    }
-  });
-  expectOnEveryRank<PeerLostError>(errors, "RDMA rail fake0:1");
-  // TearDown: every registration of a user buffer was dropped with its communicator.
+  for (RendezvousVerb verb : {RendezvousVerb::kRead, RendezvousVerb::kWrite}) {
+    SCOPED_TRACE(verbName(verb));
+    Config config = rdmaConfig();
+    config.chunk_bytes = 4 << 20;
+    config.ib_rendezvous = kThreshold;
+    config.ib_rendezvous_verb = verb;
+    const auto errors = withRanks(3, config, [&](Communicator& comm) {
+      std::vector<float> data(1 << 20, 1.0f);
+      for (int i = 0; i < 200; ++i) {
+        comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (comm.rank() == 1 && i == 2) breakFirstQueuePair(hooks_);
+      }
+    });
+    expectOnEveryRank<PeerLostError>(errors, "RDMA rail fake0:1");
+    // Every registration of a user buffer was dropped with its communicator.
+    EXPECT_EQ(hooks_.live_objects(), 0);
+  }
 }
 
 }  // namespace

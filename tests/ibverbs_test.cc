@@ -112,7 +112,8 @@ TEST(LaneInfo, RejectsEachBadFieldByName) {
 
 TEST(Immediate, EncodesKindAndValue) {
   for (uint32_t value : {0u, 1u, 4095u, 0xffffffu}) {
-    for (ImmKind kind : {ImmKind::kData, ImmKind::kCredit, ImmKind::kFin, ImmKind::kLaneDown}) {
+    for (ImmKind kind :
+         {ImmKind::kData, ImmKind::kCredit, ImmKind::kFin, ImmKind::kLaneDown, ImmKind::kWritten}) {
       const Immediate out = decodeImmediate(encodeImmediate(Immediate{kind, value}));
       EXPECT_EQ(out.kind, kind);
       EXPECT_EQ(out.value, value);

@@ -26,6 +26,7 @@ struct FakeHooks {
   int (*break_qp)(uint32_t, int) = nullptr;
   int (*break_qp_one_side)(uint32_t, int) = nullptr;
   uint64_t (*bytes_written)(const char*) = nullptr;
+  uint64_t (*plain_write_bytes)(const char*) = nullptr;
   int (*live_objects)() = nullptr;
   FakeHooks() {
     void* handle = ::dlopen(FAKE_IBVERBS_PATH, RTLD_NOW | RTLD_LOCAL);
@@ -35,6 +36,8 @@ struct FakeHooks {
         reinterpret_cast<int (*)(uint32_t, int)>(::dlsym(handle, "fake_ibverbs_break_qp_one_side"));
     bytes_written =
         reinterpret_cast<uint64_t (*)(const char*)>(::dlsym(handle, "fake_ibverbs_bytes_written"));
+    plain_write_bytes = reinterpret_cast<uint64_t (*)(const char*)>(
+        ::dlsym(handle, "fake_ibverbs_plain_write_bytes"));
     live_objects = reinterpret_cast<int (*)()>(::dlsym(handle, "fake_ibverbs_live_objects"));
   }
 };

@@ -36,6 +36,7 @@
 //  - fork(): the child keeps a copy of every object and gets its own wire thread.
 //
 // Test hooks (extern "C"): fake_ibverbs_break_qp[_one_side], fake_ibverbs_bytes_written,
+// fake_ibverbs_plain_write_bytes,
 // fake_ibverbs_last_error, fake_ibverbs_live_objects; see the end of this file.
 
 #include <infiniband/verbs.h>
@@ -86,6 +87,7 @@ struct Device {
   ibv_device pub_{};
   int index_ = 0;
   uint64_t bytes_written_ = 0;  // payload of successful RDMA writes sent from this device's QPs
+  uint64_t plain_written_ = 0;  // of those, by RDMA WRITE without immediate
 };
 
 struct Cq;
@@ -561,7 +563,10 @@ void executeFront(Qp& qp) {
     }
   }
   Context* ctx = find(s.contexts_, qp.pub_.context);
-  if (ctx != nullptr) ctx->device_->bytes_written_ += wr.length_;
+  if (ctx != nullptr) {
+    ctx->device_->bytes_written_ += wr.length_;
+    if (wr.opcode_ == IBV_WR_RDMA_WRITE) ctx->device_->plain_written_ += wr.length_;
+  }
   const uint32_t mtu = mtuBytes(qp.attr_.path_mtu);
   const uint32_t packets =
       wr.length_ == 0 ? 1 : static_cast<uint32_t>((wr.length_ + mtu - 1) / mtu);
@@ -1725,6 +1730,17 @@ FAKE_EXPORT uint64_t fake_ibverbs_bytes_written(const char* device_name) {
   if (device_name == nullptr) return 0;
   for (const auto& d : s.devices_) {
     if (std::strcmp(d->pub_.name, device_name) == 0) return d->bytes_written_;
+  }
+  return 0;
+}
+
+// Of those, the bytes written by RDMA WRITE without immediate (the write rendezvous).
+FAKE_EXPORT uint64_t fake_ibverbs_plain_write_bytes(const char* device_name) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (device_name == nullptr) return 0;
+  for (const auto& d : s.devices_) {
+    if (std::strcmp(d->pub_.name, device_name) == 0) return d->plain_written_;
   }
   return 0;
 }

@@ -36,6 +36,9 @@ struct FactoryOptions {
   size_t rendezvous_bytes = 512 << 10;
   // "auto": not on software devices (Soft-RoCE, soft iWARP), where it measured slower.
   bool rendezvous_auto = true;
+  // RAILSHARD_IB_RENDEZVOUS_VERB: read (the receiver reads), write (the sender writes into the
+  // buffer the receiver grants); auto: write when a rail is a software device, else read.
+  RendezvousVerb rendezvous_verb = RendezvousVerb::kAuto;
   // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
   // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
   bool stripe_tcp = false;

@@ -50,7 +50,7 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   struct Peer;
   struct SendOp;
   struct RecvOp;
-  struct ReadOp;
+  struct OneSidedOp;
   struct TcpLanding;
 
   // Opens the rails and connects every RDMA pair (collective over all ranks).
@@ -106,19 +106,36 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   bool landedLocked(Peer& peer, uint64_t message, messaging::Incoming& entry, uint64_t bytes);
   void returnCreditsLocked(Lane& lane, bool force);
   void completeLocked(const std::shared_ptr<Request>& request);
-  // ibverbs_transport_rendezvous.cc: large host messages read in place (zero-copy).
+  // ibverbs_transport_rendezvous.cc: large host messages moved in place (zero-copy).
   // Whether `op` goes by rendezvous; if so registers its buffer and builds its one piece.
   bool prepareRendezvousLocked(Peer& peer, SendOp& op);
-  // The read descriptor arrived (`piece`: its header and payload, from a lane's slot).
+  // An offer arrived (`payload`: the piece's, from a lane's slot): a read descriptor, or an
+  // empty write offer.
   void onRendezvousLocked(Lane& lane, const PieceHeader& header, const uint8_t* payload);
-  void pumpReadsLocked(Peer& peer);
-  void onReadDoneLocked(Lane& lane, uint32_t slot);
-  void pumpFinsLocked(Peer& peer);
+  // The receiver's side of an offer: its destination (the receive's buffer, a staging buffer,
+  // a bounce buffer for device memory) registered with every rail; false after failLocked().
+  bool registerDestinationLocked(Peer& peer, OneSidedOp& op, int access, const std::string& what);
+  // Cuts `op` into one-sided pieces over the rails as the scheduler splits its bytes.
+  void planOneSidedLocked(Peer& peer, OneSidedOp& op);
+  // Posts the peer's pending reads (write = false) or rendezvous writes as far as they fit.
+  void pumpOneSidedLocked(Peer& peer, bool write);
+  void onOneSidedDoneLocked(Lane& lane, uint32_t slot, bool write);
+  // kFin and kWritten writes, and lane-down notices.
+  void pumpEndsLocked(Peer& peer);
   void onFinLocked(Peer& peer, uint32_t value);
-  // The send's every part is done (pieces acknowledged; for a rendezvous, the peer's kFin).
+  // ibverbs_transport_rendezvous_write.cc: the write rendezvous.
+  // Names the registered destination of `op` to the sender (a grant piece, ahead of queued
+  // sends) and waits for its kWrittens.
+  void grantLocked(Peer& peer, const std::shared_ptr<OneSidedOp>& op, const MessageTag& tag);
+  void onGrantLocked(Lane& lane, const PieceHeader& header, const uint8_t* payload);
+  void onWrittenLocked(Peer& peer, uint32_t value);
+  // The received message `op` is whole in its destination: deregister, copy a bounce buffer
+  // in, land it; false after failLocked().
+  bool finishIncomingLocked(Peer& peer, OneSidedOp& op);
+  // The send's every part is done (pieces acknowledged; for a rendezvous, its one-sided part).
   void maybeSendDoneLocked(const std::shared_ptr<SendOp>& op);
-  // Moves a failed lane's reads and kFins to the peer's other lanes.
-  void failOverReadsLocked(Lane& lane);
+  // Moves a failed lane's reads, rendezvous writes, kFins and kWrittens to the other lanes.
+  void failOverOneSidedLocked(Lane& lane);
   // Deregisters every rendezvous registration (after a failure, or at teardown).
   void dropRendezvousLocked();
   // ibverbs_transport_progress.cc
@@ -126,7 +143,7 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   bool pollCompletions();
   void handleCompletionLocked(const ibv_wc& wc);
   // A send-queue entry of `lane` came free: everything waiting for room to `peer` (pieces,
-  // credits, reads, fins) is posted as far as it fits.
+  // credits, reads, rendezvous writes, their ends) is posted as far as it fits.
   void postWhatFitsLocked(Peer& peer, Lane& lane);
   void waitForEvents();
   void handleAsyncEvent(Rail& rail);
@@ -164,6 +181,10 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   const CudaDriver* cuda_ = nullptr;  // null without an NVIDIA driver: every buffer is host
   bool staging_logged_ = false;       // "GPUDirect unavailable" is said once
   bool rendezvous_logged_ = false;    // "cannot register a send buffer" is said once
+  // The rendezvous as resolved in openRails(): its threshold (0 = off) and whether this rank's
+  // large sends are written (RAILSHARD_IB_RENDEZVOUS_VERB) rather than offered for reading.
+  size_t rendezvous_bytes_ = 0;
+  bool write_rendezvous_ = false;
   FactoryOptions options_;
   QpTiming timing_;
   std::unique_ptr<Transport> control_;

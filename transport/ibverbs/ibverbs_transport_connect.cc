@@ -134,6 +134,7 @@ void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
   int device_count = 0;
   ibv_device** list = api_.get_device_list(&device_count);
   if (list == nullptr) throw Error("ibverbs: ibv_get_device_list failed: " + errnoText(errno));
+  bool software = false;  // a rail is a software device (rxe, siw)
   try {
     for (const auto& port : ports) {
       auto rail = std::make_unique<Rail>();
@@ -154,16 +155,7 @@ void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
       if (options_.rendezvous_bytes > 0 && api_.query_device(r.context, &attr) == 0) {
         r.rd_atomic = static_cast<uint8_t>(
             std::min({kMaxReadDepth, attr.max_qp_rd_atom, attr.max_qp_init_rd_atom}));
-        if (options_.rendezvous_auto && isSoftwareDevice(attr.vendor_id)) {
-          // Measured in the Soft-RoCE guest (docs/rdma.md): rxe's RDMA READ is its slow verb,
-          // and the staged path beat the rendezvous (0.028 vs 0.017 GB/s busbw), while on an
-          // HCA the copies are what costs. This side says it does not read: the pair stages.
-          r.rd_atomic = 0;
-          RS_LOG_DEBUG(
-              "rank {}: ibverbs: {} is a software device: large messages staged "
-              "(RAILSHARD_IB_RENDEZVOUS=<size> reads them in place anyway)",
-              options_.rank, where);
-        }
+        if (isSoftwareDevice(attr.vendor_id)) software = true;
       }
       r.channel = api_.create_comp_channel(r.context);
       if (r.channel == nullptr) {
@@ -178,6 +170,18 @@ void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
     throw;
   }
   api_.free_device_list(list);
+  // Measured in the Soft-RoCE guest (docs/rdma.md): rxe's RDMA READ is its slow verb, so a
+  // rendezvous there writes; on an HCA a read saves the grant's trip.
+  const RendezvousVerb verb = options_.rendezvous_verb;
+  write_rendezvous_ = verb == RendezvousVerb::kWrite || (verb == RendezvousVerb::kAuto && software);
+  rendezvous_bytes_ = options_.rendezvous_bytes;
+  if (options_.rendezvous_auto && software) {
+    rendezvous_bytes_ = 0;
+    RS_LOG_DEBUG(
+        "rank {}: ibverbs: a rail is a software device: large messages staged "
+        "(RAILSHARD_IB_RENDEZVOUS=<size> moves them in place anyway)",
+        options_.rank);
+  }
 }
 
 void IbverbsTransport::connectLanes(Store& store) {
@@ -279,6 +283,7 @@ void IbverbsTransport::connectLanes(Store& store) {
     lane->send.emplace(lane->remote.slots);
     lane->in_flight.resize(lane->remote.slots);
     lane->reads.resize(static_cast<size_t>(readDepth(lane->local, lane->remote)));
+    lane->writes.resize(kMaxWriteDepth);
     moveToRts(*lane);
   }
   // Nobody writes before every queue pair it writes to is ready to receive.

@@ -32,8 +32,8 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   const auto rails = static_cast<size_t>(peer->scheduler->rails());  // lanes, then TCP
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
-  // A rendezvous is one piece, the read descriptor, on the fastest rail up; the receiver
-  // stripes its reads.
+  // A rendezvous is one piece, the offer, on the fastest rail up; the one-sided pieces that
+  // follow are striped (by the reader, or by this rank once granted).
   const bool rendezvous = bytes > 0 && prepareRendezvousLocked(*peer, *op);
   // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
   std::vector<rails::Piece> pieces;
@@ -191,7 +191,11 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   const auto slot = static_cast<uint32_t>((lane.send->written() - 1) % lane.remote.slots);
   uint8_t* base = lane.send_ring.data + size_t{slot} * lane.remote.slot_bytes;
   PieceHeader header;
-  if (op.rendezvous) {
+  if (op.grant) {
+    header.magic = PieceHeader::kMagicGrant;  // a second one is told apart by its message
+  } else if (op.rendezvous && op.write) {
+    header.magic = resend ? PieceHeader::kMagicWriteOfferResend : PieceHeader::kMagicWriteOffer;
+  } else if (op.rendezvous) {
     header.magic = resend ? PieceHeader::kMagicRendezvousResend : PieceHeader::kMagicRendezvous;
   } else if (resend) {
     header.magic = PieceHeader::kMagicResend;
@@ -214,8 +218,8 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
     sge[1].length = static_cast<uint32_t>(length);
     sge[1].lkey = lease->lkey;
     num_sge = 2;
-  } else if (op.rendezvous) {
-    std::memcpy(base + kHeaderBytes, op.descriptor.data(), length);
+  } else if (op.rendezvous || op.grant) {
+    if (length > 0) std::memcpy(base + kHeaderBytes, op.descriptor.data(), length);
     sge[0].length = static_cast<uint32_t>(kHeaderBytes + length);
   } else {
     if (length > 0 && !copyOutLocked(op, base + kHeaderBytes, offset, length)) return;
@@ -241,7 +245,7 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   }
   ++lane.send_outstanding;
   ++op.outstanding;
-  if (!op.rendezvous) lane.bytes_sent += length;
+  if (!op.rendezvous && !op.grant) lane.bytes_sent += length;
 }
 
 void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len) {
@@ -260,8 +264,11 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
   std::string problem;
   const bool resent = header.magic == PieceHeader::kMagicResend;
   const bool rendezvous = header.magic == PieceHeader::kMagicRendezvous ||
-                          header.magic == PieceHeader::kMagicRendezvousResend;
-  if (header.magic != PieceHeader::kMagic && !resent && !rendezvous) {
+                          header.magic == PieceHeader::kMagicRendezvousResend ||
+                          header.magic == PieceHeader::kMagicWriteOffer ||
+                          header.magic == PieceHeader::kMagicWriteOfferResend;
+  const bool grant = header.magic == PieceHeader::kMagicGrant;
+  if (header.magic != PieceHeader::kMagic && !resent && !rendezvous && !grant) {
     problem = "a piece without the header magic";
   } else if (byte_len != kHeaderBytes + header.length) {
     problem = "a write of " + std::to_string(byte_len) + " bytes for a piece of " +
@@ -275,8 +282,12 @@ void IbverbsTransport::onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_le
                "rank " + std::to_string(options_.rank) + ": " + from + " sent " + problem);
     return;
   }
-  if (rendezvous) {
-    onRendezvousLocked(lane, header, base + kHeaderBytes);
+  if (rendezvous || grant) {
+    if (grant) {
+      onGrantLocked(lane, header, base + kHeaderBytes);
+    } else {
+      onRendezvousLocked(lane, header, base + kHeaderBytes);
+    }
     lane.recv->release(slot);
     returnCreditsLocked(lane, false);
     return;

@@ -20,13 +20,16 @@ namespace railshard::transport::ibverbs {
 constexpr size_t kHeaderBytes = sizeof(PieceHeader);
 // RDMA reads outstanding per lane (the rendezvous), at most; the HCA may allow fewer.
 constexpr int kMaxReadDepth = 8;
-// A rendezvous message is read in pieces of at most this: the unit the rail scheduler times
-// and a failed lane's reads move in. Depth x piece (2 MiB) is what a lane has requested and
-// not yet received: it must arrive well within the ACK timeout, or the requester retries
-// reads the responder is still serving (seen over rxe with 8 x 1 MiB and a 268 ms timeout;
-// 1 MiB pieces were no faster there than 256 KiB ones).
-constexpr size_t kReadPieceBytes = size_t{256} << 10;
-// Rendezvous sends to one peer awaiting their kFin at once: the peer's fin writes must find
+// Rendezvous RDMA writes outstanding per lane, at most (the write rendezvous).
+constexpr int kMaxWriteDepth = 8;
+// A rendezvous message is read (or written) in pieces of at most this: the unit the rail
+// scheduler times and a failed lane's pieces move in. Depth x piece (2 MiB) is what a lane has
+// requested and not yet received: it must arrive well within the ACK timeout, or the
+// requester retries reads the responder is still serving (seen over rxe with 8 x 1 MiB and a
+// 268 ms timeout; 1 MiB pieces were no faster there than 256 KiB ones).
+constexpr size_t kOneSidedPieceBytes = size_t{256} << 10;
+// Rendezvous sends to one peer in progress at once (offered, not yet finished): the peer's
+// kFin writes (read rendezvous) or this side's kWritten writes (write rendezvous) must find
 // receives posted (each lane has 8 beyond its ring; credit writes take at most 2).
 constexpr size_t kMaxRendezvousInFlight = 4;
 
@@ -37,7 +40,8 @@ enum class WorkKind : uint8_t {
   kRecv = 3,
   kRead = 4,
   kFin = 5,
-  kNotice = 6
+  kNotice = 6,
+  kWrite = 7
 };
 inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
   return (uint64_t{lane} << 32) | (uint64_t{static_cast<uint8_t>(kind)} << 24) |
@@ -55,7 +59,10 @@ inline uint32_t finValue(uint64_t message) {
 // a read request the HCA sent again (its response was late) travels ahead of the kFin on the
 // same queue pair, so the responder serves it before the sender deregisters. The immediate
 // says which lane (rail, 4 bits) and how many kFins to expect (4 bits); the sender
-// deregisters when it has them all. Pairs of more than kMaxFinRails rails stay staged.
+// deregisters when it has them all. Pairs of more than kMaxFinRails rails stay staged. The
+// write rendezvous ends the same way the other way round: the sender writes a kWritten on
+// each lane it wrote on, behind that lane's writes, and the receiver deregisters when it has
+// them all.
 constexpr uint32_t kMaxFinRails = 15;
 inline uint32_t finImmediate(uint64_t message, uint32_t rail, uint32_t lanes) {
   return finValue(message) | (rail << 16) | (lanes << 20);
@@ -137,19 +144,21 @@ struct IbverbsTransport::Lane {
     int64_t trace_ns = 0;  // trace clock at posting; 0 when tracing was off
   };
   std::vector<InFlight> in_flight;
-  // Per read slot (readDepth(); empty when the pair never reads): the rendezvous piece being
-  // read with it.
-  struct Reading {
-    std::shared_ptr<ReadOp> op;
+  // Per read slot (readDepth(); empty when the pair never reads) and per rendezvous write
+  // slot (kMaxWriteDepth): the rendezvous piece being read or written with it.
+  struct OneSided {
+    std::shared_ptr<OneSidedOp> op;
     size_t offset = 0;
     size_t bytes = 0;
     Clock::time_point posted{};
     int64_t trace_ns = 0;
   };
-  std::vector<Reading> reads;
-  // kFin writes posted on this lane, completion not yet seen: sent again on another lane if
-  // this one fails.
-  std::deque<uint32_t> fins;
+  std::vector<OneSided> reads;
+  std::vector<OneSided> writes;
+  std::vector<OneSided>& slotsFor(bool write) { return write ? writes : reads; }
+  // kFin and kWritten immediates posted on this lane, completion not yet seen: sent again on
+  // another lane if this one fails.
+  std::deque<Immediate> ends;
   Clock::time_point last_completion{};  // for the rail scheduler's service-time samples
   int32_t trace_track = 0;              // this lane's track in the trace, made on first use
 };
@@ -176,13 +185,21 @@ struct IbverbsTransport::SendOp : Request {
   bool staged = false;
   std::vector<RegistrationCache::Lease> leases;
   // Zero-copy rendezvous (host memory of RAILSHARD_IB_RENDEZVOUS bytes or more): one piece,
-  // the read descriptor, is written; the peer reads the rest from `regions` and says so with
-  // a kFin, which completes the send.
+  // the offer, is written. Read rendezvous: the offer is a read descriptor, the peer reads the
+  // rest from `regions` and says so with a kFin, which completes the send. Write rendezvous
+  // (`write`): the offer is empty, the peer answers with a grant (its buffer), this rank
+  // writes the message there and completes the send when the writes are acknowledged.
   bool rendezvous = false;
-  bool fin = false;
-  uint32_t fin_rails = 0;  // rails whose kFin arrived (bit per rail)
+  bool write = false;
+  bool granted = false;    // write: the grant arrived (a second one is ignored)
+  bool fin = false;        // the one-sided part is done
+  uint32_t fin_rails = 0;  // read: rails whose kFin arrived (bit per rail)
   UserRegions regions;
-  std::vector<uint8_t> descriptor;  // the piece written: a ReadDescriptor
+  std::vector<uint8_t> descriptor;  // the piece written: a ReadDescriptor (the read offer or
+                                    // a grant), empty for a write offer
+  // A grant: a control piece of the peer's message `message` (numbered in the other
+  // direction), not a message of this direction; nobody waits for it.
+  bool grant = false;
   // Pieces over TCP (RAILSHARD_STRIPE_TCP), guarded by the transport's mutex until
   // rdma_finished is set; final from then on (failover only moves RDMA lanes' pieces).
   std::vector<RequestPtr> tcp_parts;
@@ -200,21 +217,28 @@ struct IbverbsTransport::TcpLanding {
   bool discard = false;
 };
 
-// A rendezvous message this rank reads from the peer's buffer into the receive's (or the
-// staging buffer, when it arrived before its receive), in pieces over the lanes.
-struct IbverbsTransport::ReadOp {
+// A rendezvous message moved one-sided in pieces over the lanes: read by this rank from the
+// peer's buffer into the receive's (or the staging buffer, when it arrived before its
+// receive), or — the write rendezvous — written by this rank from its send buffer into the
+// buffer the receiver granted. The receiver of a write rendezvous keeps one too, with no
+// pieces: its registered destination, until every kWritten arrived.
+struct IbverbsTransport::OneSidedOp {
+  bool write = false;
   uint64_t message = 0;
-  messaging::IncomingPtr entry;
-  ReadDescriptor remote;
-  uint8_t* dest = nullptr;  // entry->base(), or `bounce` for a receive in device memory
-  std::vector<uint8_t> bounce;
-  UserRegions regions;  // dest, registered with each rail
+  messaging::IncomingPtr entry;  // the receive (read, and the receiver's side of a write)
+  std::shared_ptr<SendOp> send;  // the send (write): its regions hold the source's lkeys
+  ReadDescriptor remote;         // the peer's buffer and rkeys
+  uint8_t* local = nullptr;      // read: entry->base() or `bounce`; write: the send's data
+  std::vector<uint8_t> bounce;   // a receive in device memory: landed here, then copied in
+  UserRegions regions;           // the receiver's buffer, registered with each rail
   std::vector<std::vector<SendOp::Chunk>> per_rail;
   std::vector<size_t> next;
   size_t unposted = 0;
   size_t outstanding = 0;
   uint64_t total = 0;
-  uint32_t rails_read = 0;  // rails a read of it went on (bit per rail): a kFin on each
+  uint32_t rails_used = 0;  // rails a piece of it went on (bit per rail): a kFin/kWritten on each
+  uint32_t ends_seen = 0;   // the receiver of a write: rails whose kWritten arrived
+  uint32_t lkey(size_t rail) const { return (write ? send->regions : regions).mrs[rail]->lkey; }
 };
 
 struct IbverbsTransport::RecvOp : Request {
@@ -230,17 +254,21 @@ struct IbverbsTransport::Peer {
   std::optional<rails::RailScheduler> scheduler;
   // Numbering, matching, staging and the checks before a byte lands.
   messaging::MessageBook book{-1, -1, nullptr};
-  std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
-  std::deque<std::shared_ptr<ReadOp>> reading;  // rendezvous reads not fully posted
-  // Rendezvous sends waiting for the peer's kFin, by the low 24 bits of the message number.
+  std::deque<std::shared_ptr<SendOp>> sending;      // not fully posted, in message order
+  std::deque<std::shared_ptr<OneSidedOp>> reading;  // rendezvous reads not fully posted
+  std::deque<std::shared_ptr<OneSidedOp>> writing;  // rendezvous writes not fully posted
+  // Rendezvous sends in progress (offered; read: waiting for the peer's kFin; write: for the
+  // grant, then for the writes), by the low 16 bits of the message number.
   std::map<uint32_t, std::shared_ptr<SendOp>> awaiting_fin;
-  // kFin writes to post: the immediate's value, and the rail it must go on (-1: any lane, its
-  // own having failed).
-  struct Fin {
-    uint32_t value = 0;
+  // Write rendezvous messages this rank receives: granted, waiting for every kWritten.
+  std::map<uint32_t, std::shared_ptr<OneSidedOp>> awaiting_written;
+  // kFin / kWritten writes to post: the immediate, and the rail it must go on (-1: any lane,
+  // its own having failed).
+  struct End {
+    Immediate imm;
     int rail = -1;
   };
-  std::deque<Fin> fins;
+  std::deque<End> ends;
   std::deque<uint32_t> lanes_down;  // kLaneDown notices to post: rails whose lane failed here
   int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
@@ -249,21 +277,24 @@ struct IbverbsTransport::Peer {
   std::string idle_failure;
   bool busy() const {
     if (!sending.empty() || book.awaitsAny()) return true;
-    if (!reading.empty() || !awaiting_fin.empty()) return true;
+    if (!reading.empty() || !writing.empty()) return true;
+    if (!awaiting_fin.empty() || !awaiting_written.empty()) return true;
     for (const Lane* lane : lanes) {
       for (const auto& flight : lane->in_flight) {
-        if (flight.op) return true;
+        if (flight.op && !flight.op->grant) return true;
       }
-      for (const auto& read : lane->reads) {
-        if (read.op) return true;
+      for (const auto* table : {&lane->reads, &lane->writes}) {
+        for (const auto& piece : *table) {
+          if (piece.op) return true;
+        }
       }
     }
     return false;
   }
 };
 
-// A failed lane's share of pending sends (SendOp) or reads (ReadOp), both cut into chunks per
-// rail: every chunk of `rail` not yet posted is handed to `reassign` (which queues it on
+// A failed lane's share of pending sends (SendOp) or one-sided moves (OneSidedOp), both cut into
+// chunks per rail: every chunk of `rail` not yet posted is handed to `reassign` (which queues it on
 // another rail), and `touched` ops that had left `pending` (fully posted) go back to its front.
 template <typename Op, typename Reassign>
 void takeUnposted(std::deque<std::shared_ptr<Op>>& pending, size_t rail, Reassign&& reassign) {

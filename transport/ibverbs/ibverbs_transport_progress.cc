@@ -78,11 +78,12 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (lane.failed || poisoned_.load()) return;  // the flushes after the first error
     lane.failed = true;
-    const char* what = kind == WorkKind::kRecv   ? "a receive"
-                       : kind == WorkKind::kData ? "an RDMA write"
-                       : kind == WorkKind::kRead ? "an RDMA read"
-                       : kind == WorkKind::kFin  ? "a read's end"
-                                                 : "a credit write";
+    const char* what = kind == WorkKind::kRecv    ? "a receive"
+                       : kind == WorkKind::kData  ? "an RDMA write"
+                       : kind == WorkKind::kRead  ? "an RDMA read"
+                       : kind == WorkKind::kWrite ? "a rendezvous write"
+                       : kind == WorkKind::kFin   ? "a rendezvous end"
+                                                  : "a credit write";
     std::string hint;
     if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       char seconds[32];
@@ -115,8 +116,9 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         // before it on this lane finished, if that was after it was posted.
         const Clock::time_point start = std::max(done.posted, lane.last_completion);
         lane.last_completion = now;
-        // A rendezvous offer carries no payload: not a piece of the message, nor a sample.
-        const bool payload = done.op && !done.op->rendezvous;
+        // A rendezvous offer or a grant carries no payload: not a piece of a message, nor a
+        // sample.
+        const bool payload = done.op && !done.op->rendezvous && !done.op->grant;
         if (payload && done.trace_ns != 0 && trace::enabled())
           traceRailLocked(lane, done.bytes, done.trace_ns);
         if (payload && done.bytes > 0 && now > start &&
@@ -137,16 +139,17 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kRead:
-        // A read that finished on a lane already failed was handed to another lane (and read
-        // again there). Pieces that landed are still taken (kRecv): their writer saw them
-        // acknowledged and will not send them again.
+      case WorkKind::kWrite:
+        // A read or rendezvous write that finished on a lane already failed was handed to
+        // another lane (and done again there). Pieces that landed are still taken (kRecv):
+        // their writer saw them acknowledged and will not send them again.
         if (lane.failed) break;
-        onReadDoneLocked(lane, workValue(wc.wr_id));
+        onOneSidedDoneLocked(lane, workValue(wc.wr_id), kind == WorkKind::kWrite);
         postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kFin:
         --lane.send_outstanding;
-        if (!lane.fins.empty()) lane.fins.pop_front();  // completions come in posting order
+        if (!lane.ends.empty()) lane.ends.pop_front();  // completions come in posting order
         postWhatFitsLocked(peer, lane);
         break;
       case WorkKind::kRecv: {
@@ -160,6 +163,8 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
           pumpLocked(peer);
         } else if (imm.kind == ImmKind::kFin) {
           onFinLocked(peer, imm.value);
+        } else if (imm.kind == ImmKind::kWritten) {
+          onWrittenLocked(peer, imm.value);
         } else if (imm.kind == ImmKind::kLaneDown) {
           // The peer's side of another lane failed: its queue pair no longer answers, and
           // this side may have nothing in flight there to find out (waiting for credits).
@@ -189,8 +194,9 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
 void IbverbsTransport::postWhatFitsLocked(Peer& peer, Lane& lane) {
   pumpLocked(peer);
   returnCreditsLocked(lane, false);
-  pumpReadsLocked(peer);
-  pumpFinsLocked(peer);
+  pumpOneSidedLocked(peer, false);
+  pumpOneSidedLocked(peer, true);
+  pumpEndsLocked(peer);
 }
 
 void IbverbsTransport::waitForEvents() {
@@ -289,7 +295,7 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
     // The peer's side may still be up and waiting (for credits, say) with nothing in flight
     // that would time out: it is told on a lane that works.
     peer.lanes_down.push_back(static_cast<uint32_t>(lane.rail));
-    pumpFinsLocked(peer);
+    pumpEndsLocked(peer);
     return;
   }
   const std::string message = "rank " + std::to_string(options_.rank) + ": lost rank " +
@@ -345,7 +351,7 @@ bool IbverbsTransport::failOverLocked(Lane& lane, const std::string& why) {
     reassign(flight.op, SendOp::Chunk{flight.offset, flight.bytes, true});
     flight = Lane::InFlight{};
   }
-  failOverReadsLocked(lane);
+  failOverOneSidedLocked(lane);
   // Not written yet; messages that had been fully posted are pending again.
   takeUnposted(peer.sending, static_cast<size_t>(lane.rail), reassign);
   requeue(peer.sending, touched);

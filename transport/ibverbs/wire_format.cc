@@ -141,7 +141,7 @@ uint32_t encodeImmediate(const Immediate& imm) {
 
 Immediate decodeImmediate(uint32_t host_order) {
   const uint32_t kind = host_order >> 24;
-  if (kind > static_cast<uint32_t>(ImmKind::kLaneDown)) {
+  if (kind > static_cast<uint32_t>(ImmKind::kWritten)) {
     throw ProtocolError("ibverbs: immediate data of unknown kind " + std::to_string(kind));
   }
   return Immediate{static_cast<ImmKind>(kind), host_order & 0xffffffu};

@@ -54,6 +54,13 @@ struct PieceHeader {
   // sender's buffer into its own and answers with a kFin immediate.
   static constexpr uint32_t kMagicRendezvous = 0x56495352;        // "RSIV"
   static constexpr uint32_t kMagicRendezvousResend = 0x57495352;  // "RSIW"
+  // A large message offered for writing (write rendezvous): no payload, `total` the message
+  // size; the receiver answers with a grant.
+  static constexpr uint32_t kMagicWriteOffer = 0x4f495352;        // "RSIO"
+  static constexpr uint32_t kMagicWriteOfferResend = 0x51495352;  // "RSIQ"
+  // The receiver's answer to a write offer, for the sender's message `message`: the payload
+  // is a ReadDescriptor of the buffer to write into (a control piece, not a message).
+  static constexpr uint32_t kMagicGrant = 0x47495352;  // "RSIG"
   uint32_t magic = kMagic;
   uint32_t length = 0;   // payload bytes after the header in this slot
   uint64_t message = 0;  // per direction of a pair: 0, 1, 2, ... in posting order
@@ -63,8 +70,9 @@ struct PieceHeader {
 };
 static_assert(sizeof(PieceHeader) == 64, "PieceHeader is part of the wire format");
 
-// Where a rendezvous message can be read: the sender's buffer and, per rail of the pair, the
-// rkey of its registration with that rail's protection domain. Little-endian on the wire.
+// Where a rendezvous message can be read (the sender's buffer) or written (the receiver's,
+// in a grant): its address and, per rail of the pair, the rkey of its registration with that
+// rail's protection domain. Little-endian on the wire.
 struct ReadDescriptor {
   uint64_t addr = 0;
   std::vector<uint32_t> rkeys;  // by rail
@@ -76,9 +84,10 @@ struct ReadDescriptor {
 
 // The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, the
 // receiver hands `value` slots back to the sender (a zero-length write), it finished
-// reading the rendezvous message whose number's low 24 bits are `value` (zero-length), or
-// the sender's side of the lane on rail `value` failed (zero-length, on another lane).
-enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2, kLaneDown = 3 };
+// reading the rendezvous message `value` names (zero-length, finImmediate()), the sender's
+// side of the lane on rail `value` failed (zero-length, on another lane), or the sender
+// finished writing the write-rendezvous message `value` names (zero-length).
+enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2, kLaneDown = 3, kWritten = 4 };
 struct Immediate {
   ImmKind kind = ImmKind::kData;
   uint32_t value = 0;  // 24 bits: slot index, credit count or message number
