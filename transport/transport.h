@@ -44,6 +44,9 @@ struct RailStatus {
   double gbps = 0;          // current estimate (Gbit/s of payload)
   double fraction = 0;      // share of a large message it gets now (0 when down)
   uint64_t bytes_sent = 0;  // payload bytes handed to this connection so far
+  // Of those, moved in place by the RDMA rendezvous (read from the peer's buffer, or written
+  // into it: counted on the rank that posted the reads or writes), not through staging.
+  uint64_t bytes_in_place = 0;
   std::string down_reason;  // why it is out, when !up
 };
 

@@ -31,10 +31,12 @@ namespace railshard::transport::ibverbs {
 // immediate names the slot, a 64-byte header in the slot names the message and offset. The
 // receiver copies the piece into the posted receive buffer (or stages it when the receive is
 // not posted yet, as the TCP transport does) and hands slots back in batches with zero-length
-// writes whose immediate carries the credit count. No remote write ever targets user memory,
-// so a failed collective cannot have a peer write into a buffer the caller already freed.
-// Large host messages go by rendezvous instead (ibverbs_transport_rendezvous.cc): one piece
-// offers the sender's registered buffer, the receiver reads it in place.
+// writes whose immediate carries the credit count. No staged write targets user memory, so a
+// failed collective cannot have a peer write into a buffer the caller already freed.
+// Large host messages go by rendezvous instead (ibverbs_transport_rendezvous*.cc): one piece
+// offers the sender's registered buffer, the receiver reads it in place; or the receiver
+// grants its registered buffer and the sender writes into it. Either registration is dropped
+// before any failure reaches the caller.
 //
 // The TCP transport it wraps ("control") stays connected: heartbeats, abort messages and lost
 // peers go through it, so failures look the same on every transport, and pairs that do not use

@@ -133,8 +133,10 @@ struct IbverbsTransport::Lane {
   int send_outstanding = 0;  // posted, completion not yet seen
   bool failed = false;
   // Payload bytes this rank moved over the lane: written, or read (a rendezvous message's
-  // bytes count once, on the rank that reads them; its descriptor is no payload).
+  // bytes count once, on the rank that reads or writes them; offers and grants are no
+  // payload).
   uint64_t bytes_sent = 0;
+  uint64_t bytes_in_place = 0;  // of those, read or written by the rendezvous
   // Per staging slot: the message piece in flight from it.
   struct InFlight {
     std::shared_ptr<SendOp> op;

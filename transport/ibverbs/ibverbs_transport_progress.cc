@@ -470,6 +470,7 @@ std::vector<RailStatus> IbverbsTransport::rails() const {
         status.gbps = peer->scheduler->gbps(lane->rail);
         status.fraction = status.up ? peer->scheduler->fraction(lane->rail) : 0;
         status.bytes_sent = lane->bytes_sent;
+        status.bytes_in_place = lane->bytes_in_place;
         if (!status.up) {
           status.down_reason = peer->scheduler->downReason(lane->rail);
           if (status.down_reason.empty()) status.down_reason = "queue pair in error";

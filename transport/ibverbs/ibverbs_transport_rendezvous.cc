@@ -243,6 +243,7 @@ void IbverbsTransport::onOneSidedDoneLocked(Lane& lane, uint32_t slot, bool writ
   const Clock::time_point start = std::max(done.posted, lane.last_completion);
   lane.last_completion = now;
   lane.bytes_sent += done.bytes;
+  lane.bytes_in_place += done.bytes;
   if (done.trace_ns != 0 && trace::enabled())
     traceRailLocked(lane, done.bytes, done.trace_ns, write ? "rdma_write" : "rdma_read");
   if (done.bytes > 0 && now > start && options_.rail_weights == RailWeights::kAdaptive) {

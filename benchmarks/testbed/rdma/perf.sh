@@ -3,8 +3,9 @@
 # on rail 0 between hosts 0 and 1 (one rank per host):
 #   - perftest ib_write_bw at the all-reduce's piece size (the link limit, RDMA WRITE);
 #   - allreduce_perf over RDMA (RAILSHARD_TRANSPORT=ibverbs, rail 0 only), large messages
-#     copied through the ring slots (the default on rxe) and read in place by the zero-copy
-#     rendezvous (RAILSHARD_IB_RENDEZVOUS=512K), with the CPU time rank 0's process used;
+#     copied through the ring slots (RAILSHARD_IB_RENDEZVOUS=0), read in place by the
+#     zero-copy rendezvous (RAILSHARD_IB_RENDEZVOUS=512K RAILSHARD_IB_RENDEZVOUS_VERB=read)
+#     and written in place (..._VERB=write), with the CPU time rank 0's process used;
 #   - allreduce_perf over TCP between the same hosts (their eth0 veths, unshaped like the rails').
 # Absolute figures mean nothing under emulation (rxe is CPU-bound in an emulated CPU); the
 # ratio busbw / ib_write_bw says what the transport costs. Repeats RUNS times (default 3),
@@ -53,16 +54,20 @@ for run in $(seq "$runs"); do
   limit=$(link_limit)
   duplex=$(link_limit -b)
   before=$(tx h0r0)
-  read -r staged staged_cpu < <(allreduce ibverbs)  # auto: staged on rxe
+  read -r staged staged_cpu < <(RAILSHARD_IB_RENDEZVOUS=0 allreduce ibverbs)
   staged_bytes=$(($(tx h0r0) - before))
-  read -r rdv rdv_cpu < <(RAILSHARD_IB_RENDEZVOUS=512K allreduce ibverbs)
+  read -r rdv rdv_cpu < <(RAILSHARD_IB_RENDEZVOUS=512K RAILSHARD_IB_RENDEZVOUS_VERB=read \
+    allreduce ibverbs)
+  read -r wrv wrv_cpu < <(RAILSHARD_IB_RENDEZVOUS=512K RAILSHARD_IB_RENDEZVOUS_VERB=write \
+    allreduce ibverbs)
   before=$(tx t0p)
   read -r tcp tcp_cpu < <(allreduce tcp)
   tcp_bytes=$(($(tx t0p) - before))
   echo "perf run $run: ib_write_bw ${limit} Gbit/s (both ways at once: $duplex each); allreduce $size busbw:" \
-    "rdma staged ${staged} GB/s (${staged_cpu} s CPU; h0r0 sent $staged_bytes B), rdma rendezvous ${rdv} GB/s" \
-    "(${rdv_cpu} s CPU), tcp ${tcp} GB/s (${tcp_cpu} s CPU; host 0's TCP veth carried $tcp_bytes B)"
-  awk -v l="$limit" -v d="$duplex" -v s="$staged" -v r="$rdv" -v t="$tcp" 'BEGIN {
-    if (l > 0 && d > 0) printf "perf run: busbw / ib_write_bw: rdma staged %.2f (/ both ways: %.2f), rendezvous %.2f, tcp %.2f\n",
-      s * 8 / l, s * 8 / d, r * 8 / l, t * 8 / l }'
+    "rdma staged ${staged} GB/s (${staged_cpu} s CPU; h0r0 sent $staged_bytes B), rdma read rendezvous ${rdv} GB/s" \
+    "(${rdv_cpu} s CPU), rdma write rendezvous ${wrv} GB/s (${wrv_cpu} s CPU)," \
+    "tcp ${tcp} GB/s (${tcp_cpu} s CPU; host 0's TCP veth carried $tcp_bytes B)"
+  awk -v l="$limit" -v d="$duplex" -v s="$staged" -v r="$rdv" -v w="$wrv" -v t="$tcp" 'BEGIN {
+    if (l > 0 && d > 0) printf "perf run: busbw / ib_write_bw: rdma staged %.2f (/ both ways: %.2f), read rendezvous %.2f, write rendezvous %.2f, tcp %.2f\n",
+      s * 8 / l, s * 8 / d, r * 8 / l, w * 8 / l, t * 8 / l }'
 done
