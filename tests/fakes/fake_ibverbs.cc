@@ -1723,26 +1723,26 @@ FAKE_EXPORT int fake_ibverbs_break_qp_one_side(uint32_t qp_num, int status) {
   return breakQp(qp_num, status, false);
 }
 
-// Payload bytes successfully RDMA-written by QPs of the named device since the process began.
-FAKE_EXPORT uint64_t fake_ibverbs_bytes_written(const char* device_name) {
+namespace {
+uint64_t deviceCount(const char* device_name, uint64_t Device::*counter) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu_);
   if (device_name == nullptr) return 0;
   for (const auto& d : s.devices_) {
-    if (std::strcmp(d->pub_.name, device_name) == 0) return d->bytes_written_;
+    if (std::strcmp(d->pub_.name, device_name) == 0) return (*d).*counter;
   }
   return 0;
+}
+}  // namespace
+
+// Payload bytes successfully RDMA-written by QPs of the named device since the process began.
+FAKE_EXPORT uint64_t fake_ibverbs_bytes_written(const char* device_name) {
+  return deviceCount(device_name, &Device::bytes_written_);
 }
 
 // Of those, the bytes written by RDMA WRITE without immediate (the write rendezvous).
 FAKE_EXPORT uint64_t fake_ibverbs_plain_write_bytes(const char* device_name) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu_);
-  if (device_name == nullptr) return 0;
-  for (const auto& d : s.devices_) {
-    if (std::strcmp(d->pub_.name, device_name) == 0) return d->plain_written_;
-  }
-  return 0;
+  return deviceCount(device_name, &Device::plain_written_);
 }
 
 // The last validation failure (any thread), "" if none. The pointer stays valid in the calling
