@@ -257,9 +257,9 @@ Moved sendAndCount(Communicator& comm, size_t bytes, int messages) {
 }
 
 // The read rendezvous over rxe: before the per-lane kFin, a queue pair was lost in most runs
-// (docs/rdma.md "Found over rxe"); since, none in 8 runs. It is not what rxe uses (`auto`
-// writes there: rxe's READ is slow), so it runs only when asked for
-// (RAILSHARD_TEST_RXE_RENDEZVOUS=1).
+// (docs/rdma.md "Found over rxe"); since, none in 8 runs. It is not what rxe would use (a
+// rendezvous forced on there writes by default: rxe's READ is slow), so it runs only when
+// asked for (RAILSHARD_TEST_RXE_RENDEZVOUS=1); the write rendezvous runs in the CI suite.
 bool readRendezvousAskedFor() {
   const char* asked = std::getenv("RAILSHARD_TEST_RXE_RENDEZVOUS");
   return asked != nullptr && std::string(asked) == "1";
@@ -354,14 +354,16 @@ TEST_P(RendezvousOverRxe, ARailTakenDownMidAllreduceMovesToTheOther) {
 INSTANTIATE_TEST_SUITE_P(OverRxe, RendezvousOverRxe,
                          ::testing::Values(Path::kStaged, Path::kRead, Path::kWrite), pathName);
 
-// What `auto` does on rxe: 4 MiB messages written in place by the sender.
-TEST_F(OverRxe, AutoWritesLargeMessagesInPlaceOnSoftRoce) {
+// What `auto` does on rxe: 4 MiB messages staged (the rendezvous measured slower there with
+// the default 1 MiB collective chunks, docs/rdma.md): written by the sender, none in place.
+TEST_F(OverRxe, AutoStagesLargeMessagesOnSoftRoce) {
   std::vector<Moved> moved(2);
   test::rethrowFirst(withRanks(2, 1, rxeConfig(), [&](Communicator& comm) {
     moved[static_cast<size_t>(comm.rank())] = sendAndCount(comm, 4 << 20, 3);
   }));
-  EXPECT_GE(moved[0].in_place, 12u << 20) << "auto on rxe should write in place";
-  EXPECT_EQ(moved[1].in_place, 0u);
+  EXPECT_GE(moved[0].bytes, 12u << 20) << "the sender did not write the payload";
+  EXPECT_EQ(moved[0].in_place + moved[1].in_place, 0u) << "auto on rxe should stage";
+  EXPECT_LT(moved[1].bytes, 64u << 10);
 }
 
 // Every rail of one host down: no rail is left, both ranks raise PeerLostError naming the RDMA

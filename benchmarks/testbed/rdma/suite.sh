@@ -61,9 +61,9 @@ no_skips() {
     return 1
   fi
 }
-# The read rendezvous over rxe only with RAILSHARD_TEST_RXE_RENDEZVOUS=1 (rxe writes; see
-# docs/rdma.md "Found over rxe"); left out by name, not skipped, so any skip still fails the
-# step.
+# The read rendezvous over rxe only with RAILSHARD_TEST_RXE_RENDEZVOUS=1 (forced on, rxe
+# writes; see docs/rdma.md "Found over rxe"); left out by name, not skipped, so any skip still
+# fails the step.
 rendezvous=(--gtest_filter='-*RendezvousOverRxe*/Read')
 [ "${RAILSHARD_TEST_RXE_RENDEZVOUS:-0}" = 1 ] && rendezvous=()
 step "rdma_rxe_test" no_skips env RAILSHARD_TEST_RXE="$("$hosts" devices 0);$("$hosts" devices 1);$("$hosts" devices 2)" \
