@@ -197,6 +197,14 @@ const std::vector<Config::Variable>& Config::variables() {
        "more message, but RDMA WRITE instead of READ). auto: read on RDMA hardware, write on "
        "software devices (rxe's READ is its slow verb). A pair that cannot read writes.",
        [](Config& c, const std::string& v) { c.ib_rendezvous_verb = rendezvousVerbFrom(v); }},
+      {"RAILSHARD_IB_READMIT_MS", "1000",
+       "How often a failed RDMA lane is tried again: a new queue pair on the same rail, "
+       "exchanged through the store and probed with one write before it carries traffic again. "
+       "0: a failed lane stays out until the communicator is made again.",
+       [](Config& c, const std::string& v) {
+         c.ib_readmit =
+             std::chrono::milliseconds(parseInteger("RAILSHARD_IB_READMIT_MS", v, 0, 3600 * 1000));
+       }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
@@ -487,7 +495,8 @@ std::string Config::describe() const {
       << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="
       << (ib_rendezvous_auto ? std::string("auto") : std::to_string(ib_rendezvous))
-      << " ib_rendezvous_verb=" << name(ib_rendezvous_verb)
+      << " ib_rendezvous_verb=" << name(ib_rendezvous_verb) << " ib_readmit=" << ib_readmit.count()
+      << "ms"
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

@@ -59,6 +59,7 @@ struct Config {
   size_t ib_rendezvous = 512 << 10;  // RAILSHARD_IB_RENDEZVOUS; 0 = off
   bool ib_rendezvous_auto = true;    // "auto": 512K, but not on software devices
   RendezvousVerb ib_rendezvous_verb = RendezvousVerb::kAuto;  // RAILSHARD_IB_RENDEZVOUS_VERB
+  std::chrono::milliseconds ib_readmit{1000};                 // RAILSHARD_IB_READMIT_MS; 0 = never
   std::string algorithm = "auto";   // RAILSHARD_ALGO: auto or a name from the tuner
   NcclMode nccl = NcclMode::kAuto;  // RAILSHARD_NCCL
   size_t shm_slot_bytes = 0;        // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)

@@ -42,6 +42,9 @@ struct FactoryOptions {
   // RAILSHARD_STRIPE_TCP: stripe over the TCP transport's connections too (one more rail per
   // peer in the scheduler, its pieces in kPiece frames; messaging::PieceLink).
   bool stripe_tcp = false;
+  // How often a failed RDMA lane is tried again (a new queue pair, exchanged through the
+  // store); zero: a failed lane stays out.
+  Duration readmit_interval = std::chrono::seconds(1);
 };
 
 // Whether this build contains the RDMA transport (infiniband/verbs.h was found at build time).

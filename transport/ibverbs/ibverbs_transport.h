@@ -140,6 +140,12 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void failOverOneSidedLocked(Lane& lane);
   // Deregisters every rendezvous registration (after a failure, or at teardown).
   void dropRendezvousLocked();
+  // ibverbs_transport_readmit.cc: a failed lane made again and put back in rotation.
+  // True while an exchange is under way: the next step is due soon, not after the interval
+  // (a probe must not wait out its retry budget for the peer's next look at the store).
+  bool readmitLanes();
+  // The re-admission probe of `lane` completed (acknowledged, or in error).
+  void onProbedLocked(Lane& lane, bool acknowledged);
   // ibverbs_transport_progress.cc
   void progressLoop();
   bool pollCompletions();
@@ -188,6 +194,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   size_t rendezvous_bytes_ = 0;
   bool write_rendezvous_ = false;
   FactoryOptions options_;
+  // The job's store, for re-admission's exchanges (it outlives every communicator on it).
+  Store* store_ = nullptr;
+  Clock::time_point next_readmit_{};
   QpTiming timing_;
   std::unique_ptr<Transport> control_;
   // control_ as a carrier of this transport's pieces (RAILSHARD_STRIPE_TCP), else null.

@@ -51,38 +51,16 @@ void freeRegistered(const VerbsApi& api, RegisteredBuffer& buffer) {
   buffer = RegisteredBuffer{};
 }
 
-std::string hex(const std::vector<uint8_t>& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : bytes) {
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-
-std::vector<uint8_t> unhex(const std::string& text) {
-  std::vector<uint8_t> out;
-  auto value = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i + 1 < text.size(); i += 2) {
-    const int hi = value(text[i]);
-    const int lo = value(text[i + 1]);
-    if (hi < 0 || lo < 0) throw ProtocolError("ibverbs connection record is not hex");
-    out.push_back(static_cast<uint8_t>(hi * 16 + lo));
-  }
-  return out;
-}
-
 }  // namespace
 
 IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const FactoryOptions& options,
                                    std::vector<HcaPort> ports, std::vector<bool> rdma_peers,
                                    std::unique_ptr<Transport> control)
-    : api_(api), cuda_(CudaDriver::get()), options_(options), control_(std::move(control)) {
+    : api_(api),
+      cuda_(CudaDriver::get()),
+      options_(options),
+      store_(&store),
+      control_(std::move(control)) {
   timing_.timeout = static_cast<uint8_t>(options.ib_timeout);
   timing_.retry_cnt = static_cast<uint8_t>(options.ib_retry_cnt);
   peers_.resize(static_cast<size_t>(options.size));
@@ -210,6 +188,10 @@ void IbverbsTransport::connectLanes(Store& store) {
       const char layer = rails_[r]->port.infiniband ? 'I' : 'E';
       if (theirs[r] != layer) break;  // keep lanes index-aligned on both sides
       auto lane = std::make_unique<Lane>();
+      if (lanes_.size() > 0xffffu) {
+        throw ConfigError("ibverbs: more than 65536 RDMA lanes (peers x rails) on rank " +
+                          std::to_string(options_.rank) + "; set RAILSHARD_IB_HCA to fewer rails");
+      }
       lane->index = static_cast<uint32_t>(lanes_.size());
       lane->peer = peer.rank;
       lane->rail = static_cast<int>(r);
@@ -262,12 +244,12 @@ void IbverbsTransport::connectLanes(Store& store) {
   // with immediate that finds no receive posted is an RNR error.
   for (auto& lane : lanes_) {
     createQueuePair(*lane);
-    store.setString(key("lane", options_.rank, lane->peer, lane->rail), hex(lane->local.encode()),
+    store.setString(key("lane", options_.rank, lane->peer, lane->rail), toHex(lane->local.encode()),
                     timeout);
   }
   for (auto& lane : lanes_) {
     const auto bytes =
-        unhex(store.getString(key("lane", lane->peer, options_.rank, lane->rail), timeout));
+        fromHex(store.getString(key("lane", lane->peer, options_.rank, lane->rail), timeout));
     lane->remote = LaneInfo::decode(bytes);
     if (lane->remote.rank != static_cast<uint32_t>(lane->peer) ||
         lane->remote.rail != static_cast<uint16_t>(lane->rail)) {
@@ -354,10 +336,9 @@ void IbverbsTransport::postReceives(Lane& lane, int count) {
   // A write with immediate consumes one receive and scatters nothing: no buffers needed.
   for (int i = 0; i < count; ++i) {
     ibv_recv_wr wr{};
-    wr.wr_id = makeWorkId(lane.index, WorkKind::kRecv, 0);
+    wr.wr_id = makeWorkId(lane.id(), WorkKind::kRecv, 0);
     wr.num_sge = 0;
-    ibv_recv_wr* bad = nullptr;
-    if (const int rc = ibv_post_recv(lane.qp, &wr, &bad); rc != 0) {
+    if (const int rc = postRecv(lane, wr); rc != 0) {
       throw Error("ibverbs: ibv_post_recv on " + laneName(lane) + " failed: " + errnoText(rc));
     }
   }

@@ -226,7 +226,7 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
     sge[0].length = static_cast<uint32_t>(kHeaderBytes + length);
   }
   ibv_send_wr wr{};
-  wr.wr_id = makeWorkId(lane.index, WorkKind::kData, slot);
+  wr.wr_id = makeWorkId(lane.id(), WorkKind::kData, slot);
   wr.sg_list = sge;
   wr.num_sge = num_sge;
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -234,8 +234,7 @@ void IbverbsTransport::postPieceLocked(Lane& lane, SendOp& op, size_t offset, si
   wr.imm_data = htonl(encodeImmediate(Immediate{ImmKind::kData, slot}));
   wr.wr.rdma.remote_addr = lane.remote.ring_addr + uint64_t{slot} * lane.remote.slot_bytes;
   wr.wr.rdma.rkey = lane.remote.ring_rkey;
-  ibv_send_wr* bad = nullptr;
-  if (const int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+  if (const int rc = postSend(lane, wr); rc != 0) {
     lane.failed = true;
     failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
                                          laneName(lane) +
@@ -351,15 +350,14 @@ void IbverbsTransport::returnCreditsLocked(Lane& lane, bool force) {
   const uint32_t count = lane.recv->takeCredits(batch, force);
   if (count == 0) return;
   ibv_send_wr wr{};
-  wr.wr_id = makeWorkId(lane.index, WorkKind::kCredit, count);
+  wr.wr_id = makeWorkId(lane.id(), WorkKind::kCredit, count);
   wr.num_sge = 0;  // a zero-length write: only the immediate matters
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.imm_data = htonl(encodeImmediate(Immediate{ImmKind::kCredit, count}));
   wr.wr.rdma.remote_addr = lane.remote.ring_addr;
   wr.wr.rdma.rkey = lane.remote.ring_rkey;
-  ibv_send_wr* bad = nullptr;
-  if (const int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+  if (const int rc = postSend(lane, wr); rc != 0) {
     lane.failed = true;
     failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
                                          laneName(lane) +

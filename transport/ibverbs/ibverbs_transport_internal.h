@@ -33,7 +33,8 @@ constexpr size_t kOneSidedPieceBytes = size_t{256} << 10;
 // receives posted (each lane has 8 beyond its ring; credit writes take at most 2).
 constexpr size_t kMaxRendezvousInFlight = 4;
 
-// wr_id: lane index (32 bits) | kind (8) | slot, count, read slot or message (24).
+// wr_id: lane index (16 bits) and its queue pair's generation (16; Lane::id()) | kind (8) |
+// slot, count, read slot or message (24).
 enum class WorkKind : uint8_t {
   kData = 1,
   kCredit = 2,
@@ -41,7 +42,8 @@ enum class WorkKind : uint8_t {
   kRead = 4,
   kFin = 5,
   kNotice = 6,
-  kWrite = 7
+  kWrite = 7,
+  kProbe = 8
 };
 inline uint64_t makeWorkId(uint32_t lane, WorkKind kind, uint32_t value) {
   return (uint64_t{lane} << 32) | (uint64_t{static_cast<uint8_t>(kind)} << 24) |
@@ -120,6 +122,15 @@ struct IbverbsTransport::Rail {
 
 struct IbverbsTransport::Lane {
   uint32_t index = 0;  // in lanes_
+  // Re-admission (ibverbs_transport_readmit.cc): how often the queue pair was made again; a
+  // completion of an older one is stale. `posted`: work requests posted on the current queue
+  // pair whose completion was not seen yet (a failed one is made again only once it is 0:
+  // every piece that landed on it has been taken).
+  uint16_t generation = 0;
+  int posted = 0;
+  enum class Readmit : uint8_t { kIdle, kPublished, kConnected, kProbing };
+  Readmit readmit = Readmit::kIdle;
+  uint32_t id() const { return index | (uint32_t{generation} << 16); }
   int peer = -1;
   int rail = 0;  // index in rails_ and in the peer's scheduler
   ibv_qp* qp = nullptr;
@@ -164,6 +175,21 @@ struct IbverbsTransport::Lane {
   Clock::time_point last_completion{};  // for the rail scheduler's service-time samples
   int32_t trace_track = 0;              // this lane's track in the trace, made on first use
 };
+
+// Posts one work request on the lane's current queue pair and counts it (Lane::posted); the
+// verbs error code, 0 when posted.
+inline int postSend(IbverbsTransport::Lane& lane, ibv_send_wr& wr) {
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(lane.qp, &wr, &bad);
+  if (rc == 0) ++lane.posted;
+  return rc;
+}
+inline int postRecv(IbverbsTransport::Lane& lane, ibv_recv_wr& wr) {
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(lane.qp, &wr, &bad);
+  if (rc == 0) ++lane.posted;
+  return rc;
+}
 
 struct IbverbsTransport::SendOp : Request {
   SendOp(int peer, const void* data_in, size_t bytes, const MessageTag& tag, uint64_t message_in)

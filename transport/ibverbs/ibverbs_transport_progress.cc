@@ -31,6 +31,12 @@ constexpr int kSleepMs = 100;
 void IbverbsTransport::progressLoop() {
   Clock::time_point last_work = Clock::now();
   while (!stopping_.load()) {
+    if (options_.readmit_interval > Duration::zero() && Clock::now() >= next_readmit_) {
+      const bool under_way = readmitLanes();
+      next_readmit_ = Clock::now() + (under_way ? std::chrono::milliseconds(20)
+                                                : std::min<Duration>(options_.readmit_interval,
+                                                                     std::chrono::hours(1)));
+    }
     if (pollCompletions()) {
       last_work = Clock::now();
       raisePendingFailure();
@@ -66,15 +72,23 @@ bool IbverbsTransport::pollCompletions() {
 }
 
 void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
-  const uint32_t index = workLane(wc.wr_id);
+  const uint32_t index = workLane(wc.wr_id) & 0xffffu;
   if (index >= lanes_.size()) {
     failLocked(ErrorKind::kProtocol,
                "ibverbs: a completion for unknown lane " + std::to_string(index));
     return;
   }
   Lane& lane = *lanes_[index];
+  // A queue pair made again (re-admission) only once the old one's work had all completed: a
+  // completion of another generation cannot occur; dropped should a provider produce one.
+  if ((workLane(wc.wr_id) >> 16) != lane.generation) return;
+  --lane.posted;
   Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
   const WorkKind kind = workKind(wc.wr_id);
+  if (kind == WorkKind::kProbe) {
+    onProbedLocked(lane, wc.status == IBV_WC_SUCCESS);
+    return;
+  }
   if (wc.status != IBV_WC_SUCCESS) {
     if (lane.failed || poisoned_.load()) return;  // the flushes after the first error
     lane.failed = true;

@@ -201,15 +201,14 @@ void IbverbsTransport::pumpOneSidedLocked(Peer& peer, bool write) {
         sge.length = static_cast<uint32_t>(chunk.length);
         sge.lkey = op->lkey(rail);
         ibv_send_wr wr{};
-        wr.wr_id = makeWorkId(lane.index, write ? WorkKind::kWrite : WorkKind::kRead, slot);
+        wr.wr_id = makeWorkId(lane.id(), write ? WorkKind::kWrite : WorkKind::kRead, slot);
         wr.sg_list = &sge;
         wr.num_sge = 1;
         wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
         wr.send_flags = IBV_SEND_SIGNALED;
         wr.wr.rdma.remote_addr = op->remote.addr + chunk.offset;
         wr.wr.rdma.rkey = op->remote.rkeys[rail];
-        ibv_send_wr* bad = nullptr;
-        if (const int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+        if (const int rc = postSend(lane, wr); rc != 0) {
           lane.failed = true;
           failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) + ": " +
                                                laneName(lane) + ": ibv_post_send of a " +
@@ -313,15 +312,14 @@ void IbverbsTransport::pumpEndsLocked(Peer& peer) {
     const Immediate imm =
         notice ? Immediate{ImmKind::kLaneDown, peer.lanes_down.front()} : peer.ends.front().imm;
     ibv_send_wr wr{};
-    wr.wr_id = makeWorkId(lane->index, notice ? WorkKind::kNotice : WorkKind::kFin, imm.value);
+    wr.wr_id = makeWorkId(lane->id(), notice ? WorkKind::kNotice : WorkKind::kFin, imm.value);
     wr.num_sge = 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.imm_data = htonl(encodeImmediate(imm));
     wr.wr.rdma.remote_addr = lane->remote.ring_addr;
     wr.wr.rdma.rkey = lane->remote.ring_rkey;
-    ibv_send_wr* bad = nullptr;
-    if (const int rc = ibv_post_send(lane->qp, &wr, &bad); rc != 0) {
+    if (const int rc = postSend(*lane, wr); rc != 0) {
       lane->failed = true;
       failLocked(ErrorKind::kPeerLost,
                  "rank " + std::to_string(options_.rank) + ": " + laneName(*lane) +

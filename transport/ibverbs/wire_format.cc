@@ -135,6 +135,32 @@ ReadDescriptor ReadDescriptor::decode(const uint8_t* bytes, size_t length, size_
   return d;
 }
 
+std::string toHex(const std::vector<uint8_t>& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+std::vector<uint8_t> fromHex(const std::string& text) {
+  std::vector<uint8_t> out;
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i + 1 < text.size(); i += 2) {
+    const int hi = value(text[i]);
+    const int lo = value(text[i + 1]);
+    if (hi < 0 || lo < 0) throw ProtocolError("ibverbs connection record is not hex");
+    out.push_back(static_cast<uint8_t>(hi * 16 + lo));
+  }
+  return out;
+}
+
 uint32_t encodeImmediate(const Immediate& imm) {
   return (static_cast<uint32_t>(imm.kind) << 24) | (imm.value & 0xffffffu);
 }

@@ -43,6 +43,11 @@ struct LaneInfo {
   static LaneInfo decode(const std::vector<uint8_t>& bytes);
 };
 
+// A connection record as the store carries it (hex text); fromHex() raises ProtocolError for
+// anything but pairs of lowercase hex digits.
+std::string toHex(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> fromHex(const std::string& text);
+
 // At the start of every slot a data write fills: which message and which part of it.
 struct PieceHeader {
   static constexpr uint32_t kMagic = 0x50495352;  // "RSIP"
