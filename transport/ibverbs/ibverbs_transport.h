@@ -140,7 +140,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void failOverOneSidedLocked(Lane& lane);
   // Deregisters every rendezvous registration (after a failure, or at teardown).
   void dropRendezvousLocked();
-  // ibverbs_transport_readmit.cc: a failed lane made again and put back in rotation.
+  // ibverbs_transport_readmit.cc: a failed lane made again and put back in rotation, by a
+  // thread of its own (its store calls never hold up the progress thread).
+  void readmitLoop();
   // True while an exchange is under way: the next step is due soon, not after the interval
   // (a probe must not wait out its retry budget for the peer's next look at the store).
   bool readmitLanes();
@@ -196,7 +198,6 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   FactoryOptions options_;
   // The job's store, for re-admission's exchanges (it outlives every communicator on it).
   Store* store_ = nullptr;
-  Clock::time_point next_readmit_{};
   QpTiming timing_;
   std::unique_ptr<Transport> control_;
   // control_ as a carrier of this transport's pieces (RAILSHARD_STRIPE_TCP), else null.
@@ -210,6 +211,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   // One lock for the data structures above: the progress thread and posting callers share it.
   mutable std::mutex mutex_;
   std::thread progress_;
+  std::thread readmitter_;  // when readmit_interval > 0
+  std::mutex readmit_mutex_;
+  std::condition_variable readmit_wake_;  // stopping
   std::atomic<bool> stopping_{false};
   int wake_fd_ = -1;
 

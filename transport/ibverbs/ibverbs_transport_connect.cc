@@ -84,6 +84,9 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw Error("ibverbs: eventfd failed: " + errnoText(errno));
     progress_ = std::thread([this] { progressLoop(); });
+    if (options_.readmit_interval > Duration::zero()) {
+      readmitter_ = std::thread([this] { readmitLoop(); });
+    }
   } catch (...) {
     if (tcp_link_ != nullptr) tcp_link_->setPieceSink(nullptr);
     teardown();
@@ -98,6 +101,9 @@ IbverbsTransport::~IbverbsTransport() {
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
   }
+  { std::lock_guard<std::mutex> lock(readmit_mutex_); }
+  readmit_wake_.notify_all();
+  if (readmitter_.joinable()) readmitter_.join();
   if (progress_.joinable()) progress_.join();
   // Returns once the TCP reader is out of pieceArriving/pieceLanded for good.
   if (tcp_link_ != nullptr) tcp_link_->setPieceSink(nullptr);

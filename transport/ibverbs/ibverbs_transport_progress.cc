@@ -31,12 +31,6 @@ constexpr int kSleepMs = 100;
 void IbverbsTransport::progressLoop() {
   Clock::time_point last_work = Clock::now();
   while (!stopping_.load()) {
-    if (options_.readmit_interval > Duration::zero() && Clock::now() >= next_readmit_) {
-      const bool under_way = readmitLanes();
-      next_readmit_ = Clock::now() + (under_way ? std::chrono::milliseconds(20)
-                                                : std::min<Duration>(options_.readmit_interval,
-                                                                     std::chrono::hours(1)));
-    }
     if (pollCompletions()) {
       last_work = Clock::now();
       raisePendingFailure();

@@ -11,9 +11,10 @@
 // still down would be put back, given pieces and fail again after the retry budget, over and
 // over). Then the lane is back in the peer's rotation, its rings starting over on both sides,
 // with the rail scheduler's last estimate of it, which measurement then corrects. A failed
-// probe fails the lane again, and it is tried again later. The progress thread tries every
+// probe fails the lane again, and it is tried again later. A thread of its own tries every
 // readmit_interval (RAILSHARD_IB_READMIT_MS; the TCP transport's keeper reconnects a rail
-// every second), talking to the store without the transport's lock.
+// every second), talking to the store without the transport's lock: a store call that waits
+// (another thread's request ahead of it on the client) never holds up the progress thread.
 //
 // Generations agree because each side makes a lane again once per failure of it, and a
 // failure of one side is told to the other (kLaneDown), or found by it the next time it sends
@@ -40,6 +41,19 @@ namespace {
 constexpr auto kStoreTimeout = std::chrono::seconds(5);
 
 }  // namespace
+
+void IbverbsTransport::readmitLoop() {
+  std::unique_lock<std::mutex> lock(readmit_mutex_);
+  Duration pause = options_.readmit_interval;
+  while (!stopping_.load()) {
+    readmit_wake_.wait_for(lock, pause, [this] { return stopping_.load(); });
+    if (stopping_.load()) break;
+    lock.unlock();
+    const bool under_way = readmitLanes();
+    lock.lock();
+    pause = under_way ? std::chrono::milliseconds(20) : options_.readmit_interval;
+  }
+}
 
 bool IbverbsTransport::readmitLanes() {
   struct Step {
