@@ -75,6 +75,12 @@ inline uint32_t finRail(uint32_t value) {
 inline uint32_t finLanes(uint32_t value) {
   return (value >> 20) & 0xfu;
 }
+// Counts the end (kFin or kWritten) `value` into `seen`, a bit per rail (a second end of one
+// lane, sent again after a failover, counts once); true once every lane's end is in.
+inline bool endsComplete(uint32_t& seen, uint32_t value) {
+  seen |= 1u << finRail(value);
+  return static_cast<uint32_t>(__builtin_popcount(seen)) >= finLanes(value);
+}
 inline WorkKind workKind(uint64_t id) {
   return static_cast<WorkKind>((id >> 24) & 0xff);
 }

@@ -346,10 +346,8 @@ void IbverbsTransport::onFinLocked(Peer& peer, uint32_t value) {
   }
   const std::shared_ptr<SendOp> op = it->second;
   if (op->write) throw ProtocolError("a read's end for a message offered for writing");
-  op->fin_rails |= 1u << finRail(value);
-  // Deregistered only once every lane that read it said so (a second kFin of one lane, sent
-  // again after a failover, counts once).
-  if (static_cast<uint32_t>(__builtin_popcount(op->fin_rails)) < finLanes(value)) return;
+  // Deregistered only once every lane that read it said so.
+  if (!endsComplete(op->fin_rails, value)) return;
   peer.awaiting_fin.erase(it);
   op->regions.release();
   op->fin = true;

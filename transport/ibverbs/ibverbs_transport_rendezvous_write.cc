@@ -85,11 +85,8 @@ void IbverbsTransport::onWrittenLocked(Peer& peer, uint32_t value) {
                  peer.rank);
     return;
   }
-  OneSidedOp& op = *it->second;
-  op.ends_seen |= 1u << finRail(value);
-  // Taken only once every lane that carried writes said so (a second kWritten of one lane,
-  // sent again after a failover, counts once).
-  if (static_cast<uint32_t>(__builtin_popcount(op.ends_seen)) < finLanes(value)) return;
+  // Taken only once every lane that carried writes said so.
+  if (!endsComplete(it->second->ends_seen, value)) return;
   const std::shared_ptr<OneSidedOp> done = it->second;
   peer.awaiting_written.erase(it);
   finishIncomingLocked(peer, *done);
