@@ -136,6 +136,7 @@ struct IbverbsTransport::Lane {
   int posted = 0;
   enum class Readmit : uint8_t { kIdle, kPublished, kConnected, kProbing };
   Readmit readmit = Readmit::kIdle;
+  Clock::time_point readmit_since{};  // when its record was published
   uint32_t id() const { return index | (uint32_t{generation} << 16); }
   int peer = -1;
   int rail = 0;  // index in rails_ and in the peer's scheduler

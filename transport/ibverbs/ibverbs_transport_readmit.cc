@@ -37,8 +37,11 @@ namespace railshard::transport::ibverbs {
 
 namespace {
 
-// Store calls of re-admission: short, the progress thread makes them.
+// Store calls of re-admission: short.
 constexpr auto kStoreTimeout = std::chrono::seconds(5);
+// After publishing, the peer's side is looked for every 20 ms this long, then every
+// interval: a peer that never answers (it closed its communicator) costs little.
+constexpr auto kQuickLooks = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -77,6 +80,7 @@ bool IbverbsTransport::readmitLanes() {
       }
       if (lane.readmit == Lane::Readmit::kPublished || lane.readmit == Lane::Readmit::kConnected) {
         steps.push_back(Step{&lane, lane.readmit, lane.generation, {}});
+        if (Clock::now() - lane.readmit_since < kQuickLooks) under_way = true;
         continue;
       }
       if (lane.readmit == Lane::Readmit::kProbing) {
@@ -105,6 +109,8 @@ bool IbverbsTransport::readmitLanes() {
         continue;
       }
       lane.readmit = Lane::Readmit::kPublished;
+      lane.readmit_since = Clock::now();
+      under_way = true;
       steps.push_back(Step{&lane, Lane::Readmit::kIdle, lane.generation, lane.local.encode()});
     }
   }
@@ -176,7 +182,7 @@ bool IbverbsTransport::readmitLanes() {
     }
   }
   raisePendingFailure();
-  return under_way || !steps.empty();
+  return under_way;
 }
 
 void IbverbsTransport::onProbedLocked(Lane& lane, bool acknowledged) {
