@@ -81,6 +81,17 @@ inline bool endsComplete(uint32_t& seen, uint32_t value) {
   seen |= 1u << finRail(value);
   return static_cast<uint32_t>(__builtin_popcount(seen)) >= finLanes(value);
 }
+// A kLaneDown notice's value: the rail (8 bits) and the generation of the lane's queue pair
+// that failed (16 bits).
+inline uint32_t laneDownValue(uint32_t rail, uint16_t generation) {
+  return (rail & 0xffu) | (uint32_t{generation} << 8);
+}
+inline uint32_t laneDownRail(uint32_t value) {
+  return value & 0xffu;
+}
+inline uint16_t laneDownGeneration(uint32_t value) {
+  return static_cast<uint16_t>(value >> 8);
+}
 inline WorkKind workKind(uint64_t id) {
   return static_cast<WorkKind>((id >> 24) & 0xff);
 }
@@ -304,7 +315,7 @@ struct IbverbsTransport::Peer {
     int rail = -1;
   };
   std::deque<End> ends;
-  std::deque<uint32_t> lanes_down;  // kLaneDown notices to post: rails whose lane failed here
+  std::deque<uint32_t> lanes_down;  // kLaneDown notices to post (laneDownValue())
   int tcp_rail = -1;  // the TCP connections' rail in the scheduler (RAILSHARD_STRIPE_TCP)
   // A lane failed while nothing was pending with this peer (typically: it closed its
   // communicator and our credit write found its queue pair gone). Not an error until this

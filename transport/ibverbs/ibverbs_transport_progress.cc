@@ -176,9 +176,12 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         } else if (imm.kind == ImmKind::kLaneDown) {
           // The peer's side of another lane failed: its queue pair no longer answers, and
           // this side may have nothing in flight there to find out (waiting for credits).
-          if (imm.value >= peer.lanes.size()) throw ProtocolError("a lane-down notice for no lane");
-          Lane& down = *peer.lanes[imm.value];
-          if (!down.failed) {
+          const uint32_t rail = laneDownRail(imm.value);
+          if (rail >= peer.lanes.size()) throw ProtocolError("a lane-down notice for no lane");
+          Lane& down = *peer.lanes[rail];
+          // Of the queue pair now there: a notice that arrives after both sides had made the
+          // lane again (re-admission) is about the one before, and ignored.
+          if (!down.failed && laneDownGeneration(imm.value) == down.generation) {
             down.failed = true;
             laneFailedLocked(down, laneName(down) + ": rank " + std::to_string(peer.rank) +
                                        "'s side failed (it said so on " + laneName(lane) + ")");
@@ -302,7 +305,7 @@ void IbverbsTransport::laneFailedLocked(Lane& lane, const std::string& what) {
   if (failOverLocked(lane, what)) {
     // The peer's side may still be up and waiting (for credits, say) with nothing in flight
     // that would time out: it is told on a lane that works.
-    peer.lanes_down.push_back(static_cast<uint32_t>(lane.rail));
+    peer.lanes_down.push_back(laneDownValue(static_cast<uint32_t>(lane.rail), lane.generation));
     pumpEndsLocked(peer);
     return;
   }

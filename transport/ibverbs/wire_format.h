@@ -90,8 +90,9 @@ struct ReadDescriptor {
 // The 32-bit immediate of an RDMA write with immediate: a data piece landed in `slot`, the
 // receiver hands `value` slots back to the sender (a zero-length write), it finished
 // reading the rendezvous message `value` names (zero-length, finImmediate()), the sender's
-// side of the lane on rail `value` failed (zero-length, on another lane), or the sender
-// finished writing the write-rendezvous message `value` names (zero-length).
+// side of the lane `value` names failed (zero-length, on another lane; laneDownValue(): rail
+// and queue pair generation), or the sender finished writing the write-rendezvous message
+// `value` names (zero-length).
 enum class ImmKind : uint8_t { kData = 0, kCredit = 1, kFin = 2, kLaneDown = 3, kWritten = 4 };
 struct Immediate {
   ImmKind kind = ImmKind::kData;
