@@ -136,6 +136,9 @@ void expectLanesOn(Communicator& comm, const std::vector<std::string>& devices, 
   }
   EXPECT_EQ(lanes, rails * static_cast<size_t>(comm.size() - 1));
   for (size_t i = 0; i < rails; ++i) EXPECT_GT(bytes[i], 0u) << devices[i] << " carried nothing";
+  // No rank closes (its queue pairs gone: a last credit write to it fails, the lane goes
+  // down) before every rank has looked.
+  comm.barrier();
 }
 
 const auto kAnyAlgorithm = [](const std::string&) {};

@@ -58,6 +58,9 @@ TEST_F(StripedOverTcpToo, CollectivesMatchAScalarReferenceWithBytesOnEveryRailOf
     }
     EXPECT_EQ(rails_per_peer.size(), static_cast<size_t>(kSize - 1));
     for (const auto& [peer, rails] : rails_per_peer) EXPECT_EQ(rails, 3) << "peer " << peer;
+    // No rank closes (its queue pairs gone: our last credit write to it fails, the lane goes
+    // down) before every rank has looked. A CI run failed on that race.
+    comm.barrier();
   }));
   // The 4 MB all-reduces and the 2.4 MB broadcast went over all three rails.
   EXPECT_GT(hooks_.bytes_written("fake0") - before0, 1u << 20);
@@ -90,6 +93,7 @@ TEST_F(StripedOverTcpToo, AdaptiveWeightsReEstimateTheTcpRailAndResultsStayExact
       EXPECT_GE(rail.fraction, 0.05 - 1e-9) << rail.name;  // the scheduler's minimum share
       if (rail.name == "tcp") tcp_gbps[static_cast<size_t>(rank)] = rail.gbps;
     }
+    comm.barrier();  // no rank closes before every rank has looked (as above)
   }));
   // Measured, not the starting 100 Gbit/s (the lanes' mean; no loopback runs at that rate).
   for (double gbps : tcp_gbps) {
