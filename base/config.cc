@@ -205,6 +205,13 @@ const std::vector<Config::Variable>& Config::variables() {
          c.ib_readmit =
              std::chrono::milliseconds(parseInteger("RAILSHARD_IB_READMIT_MS", v, 0, 3600 * 1000));
        }},
+      {"RAILSHARD_IB_CONNECT", "auto",
+       "When a rank connects its RDMA lanes to a peer: eager (to every peer at start-up: "
+       "errors and connection time there) or lazy (when the pair first sends or receives: a "
+       "few store round trips on that first message; a lane pins 8 MiB of registered rings by "
+       "default, so a rank that talks to few of many peers saves most of it). auto: lazy "
+       "when the rank has more than 8 RDMA peers.",
+       [](Config& c, const std::string& v) { c.ib_connect = laneConnectFrom(v); }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
@@ -421,6 +428,9 @@ const Names<RendezvousVerb> kRendezvousVerbNames{"RAILSHARD_IB_RENDEZVOUS_VERB",
                                                  {{RendezvousVerb::kAuto, "auto"},
                                                   {RendezvousVerb::kRead, "read"},
                                                   {RendezvousVerb::kWrite, "write"}}};
+const Names<LaneConnect> kLaneConnectNames{
+    "RAILSHARD_IB_CONNECT",
+    {{LaneConnect::kAuto, "auto"}, {LaneConnect::kEager, "eager"}, {LaneConnect::kLazy, "lazy"}}};
 const Names<NcclMode> kNcclNames{
     "RAILSHARD_NCCL", {{NcclMode::kAuto, "auto"}, {NcclMode::kOn, "on"}, {NcclMode::kOff, "off"}}};
 const Names<LogLevel> kLogLevelNames{"RAILSHARD_LOG_LEVEL",
@@ -446,6 +456,9 @@ std::string_view name(NcclMode mode) {
 std::string_view name(RendezvousVerb verb) {
   return kRendezvousVerbNames.of(verb);
 }
+std::string_view name(LaneConnect connect) {
+  return kLaneConnectNames.of(connect);
+}
 std::string_view name(LogLevel level) {
   return kLogLevelNames.of(level);
 }
@@ -457,6 +470,9 @@ RailWeights railWeightsFrom(const std::string& text) {
 }
 RendezvousVerb rendezvousVerbFrom(const std::string& text) {
   return kRendezvousVerbNames.from(text);
+}
+LaneConnect laneConnectFrom(const std::string& text) {
+  return kLaneConnectNames.from(text);
 }
 NcclMode ncclModeFrom(const std::string& text) {
   return kNcclNames.from(text);
@@ -496,7 +512,7 @@ std::string Config::describe() const {
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="
       << (ib_rendezvous_auto ? std::string("auto") : std::to_string(ib_rendezvous))
       << " ib_rendezvous_verb=" << name(ib_rendezvous_verb) << " ib_readmit=" << ib_readmit.count()
-      << "ms"
+      << "ms ib_connect=" << name(ib_connect)
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

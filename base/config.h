@@ -17,6 +17,8 @@ enum class TransportKind : uint8_t { kAuto, kTcp, kShm, kIbverbs };
 enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
 // RAILSHARD_IB_RENDEZVOUS_VERB: how a large RDMA message moves in place (docs/rdma.md).
 enum class RendezvousVerb : uint8_t { kAuto, kRead, kWrite };
+// When RDMA lanes to a peer are connected: all at start-up, or when the pair first talks.
+enum class LaneConnect : uint8_t { kAuto, kEager, kLazy };
 // RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
 enum class NcclMode : uint8_t { kAuto, kOn, kOff };
 // RAILSHARD_LOG_LEVEL, least to most severe; kOff logs nothing.
@@ -27,12 +29,14 @@ std::string_view name(TransportKind kind);
 std::string_view name(RailWeights weights);
 std::string_view name(NcclMode mode);
 std::string_view name(RendezvousVerb verb);
+std::string_view name(LaneConnect connect);
 std::string_view name(LogLevel level);
 // From those names; ConfigError naming the variable, the value and the names it takes.
 TransportKind transportKindFrom(const std::string& text);
 RailWeights railWeightsFrom(const std::string& text);
 NcclMode ncclModeFrom(const std::string& text);
 RendezvousVerb rendezvousVerbFrom(const std::string& text);
+LaneConnect laneConnectFrom(const std::string& text);
 LogLevel logLevelFrom(const std::string& text);
 
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
@@ -60,6 +64,7 @@ struct Config {
   bool ib_rendezvous_auto = true;    // "auto": 512K, but not on software devices
   RendezvousVerb ib_rendezvous_verb = RendezvousVerb::kAuto;  // RAILSHARD_IB_RENDEZVOUS_VERB
   std::chrono::milliseconds ib_readmit{1000};                 // RAILSHARD_IB_READMIT_MS; 0 = never
+  LaneConnect ib_connect = LaneConnect::kAuto;                // RAILSHARD_IB_CONNECT
   std::string algorithm = "auto";   // RAILSHARD_ALGO: auto or a name from the tuner
   NcclMode nccl = NcclMode::kAuto;  // RAILSHARD_NCCL
   size_t shm_slot_bytes = 0;        // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)

@@ -79,6 +79,7 @@ transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& o
   ib.rendezvous_auto = config.ib_rendezvous_auto;
   ib.rendezvous_verb = config.ib_rendezvous_verb;
   ib.readmit_interval = std::chrono::duration_cast<Duration>(config.ib_readmit);
+  ib.connect = config.ib_connect;
   ib.rail_weights = config.rail_weights;
   ib.stripe_tcp = config.stripe_tcp;
   return ib;

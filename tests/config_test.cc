@@ -62,6 +62,26 @@ TEST(Config, RendezvousVerbIsAutoReadOrWrite) {
   }
 }
 
+TEST(Config, LaneConnectIsAutoEagerOrLazy) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_IB_CONNECT", value}};
+    return Config::fromEnvironment(&env).ib_connect;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).ib_connect, LaneConnect::kAuto);
+  EXPECT_EQ(parse("auto"), LaneConnect::kAuto);
+  EXPECT_EQ(parse("eager"), LaneConnect::kEager);
+  EXPECT_EQ(parse("lazy"), LaneConnect::kLazy);
+  try {
+    parse("later");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_IB_CONNECT: unknown value 'later'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, BadValuesNameTheVariableAndValue) {
   auto messageOf = [](const std::string& key, const std::string& value) {
     const std::map<std::string, std::string> env = {{key, value}};

@@ -45,6 +45,9 @@ struct FactoryOptions {
   // How often a failed RDMA lane is tried again (a new queue pair, exchanged through the
   // store); zero: a failed lane stays out.
   Duration readmit_interval = std::chrono::seconds(1);
+  // RAILSHARD_IB_CONNECT: lanes connected at start-up, or when a pair first talks
+  // (ibverbs_transport_lazy.cc); auto: lazy beyond kEagerPeers RDMA peers.
+  LaneConnect connect = LaneConnect::kAuto;
 };
 
 // Whether this build contains the RDMA transport (infiniband/verbs.h was found at build time).

@@ -94,7 +94,14 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void moveToRts(Lane& lane);
   void postReceives(Lane& lane, int count);
   void teardown();
+  // A lane's receive ring (registered for remote writes) and the fields of its record naming
+  // it; its send side once the peer's record is known (the staging ring sized by it).
+  void allocateReceiveRing(Lane& lane);
+  void prepareSendSide(Lane& lane);
   // ibverbs_transport_data.cc
+  // Cuts a send into pieces over the peer's rails that are up and queues it; PeerLostError
+  // when none is.
+  void planSendLocked(Peer& peer, const std::shared_ptr<SendOp>& op);
   void pumpLocked(Peer& peer);
   void postPieceLocked(Lane& lane, SendOp& op, size_t offset, size_t length, bool resend);
   void onPieceLocked(Lane& lane, uint32_t slot, uint32_t byte_len);
@@ -148,6 +155,19 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   bool readmitLanes();
   // The re-admission probe of `lane` completed (acknowledged, or in error).
   void onProbedLocked(Lane& lane, bool acknowledged);
+  // A re-made (or first) queue pair works: the lane is back in its peer's rotation. Its
+  // probe's acknowledgement says so, or anything the peer wrote on it (the peer's own probe
+  // was acknowledged first, so both sides are connected): an offer that arrives before this
+  // side's probe returns is read or granted over it.
+  void laneUpLocked(Lane& lane);
+  // ibverbs_transport_lazy.cc: lanes connected when a pair first talks (RAILSHARD_IB_CONNECT).
+  // This rank sends to or receives from `peer`: its lanes are connected if they are not.
+  void wantLocked(Peer& peer);
+  // Tells the peers this rank wants that they are wanted, and learns which peers want this
+  // rank (store notices; the re-admission thread, no lock held). True when one was learnt.
+  bool exchangeWanted();
+  // The first lane to `peer` is up: the sends deferred until then are planned, in order.
+  void peerConnectedLocked(Peer& peer);
   // ibverbs_transport_progress.cc
   void progressLoop();
   bool pollCompletions();
@@ -211,9 +231,13 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   // One lock for the data structures above: the progress thread and posting callers share it.
   mutable std::mutex mutex_;
   std::thread progress_;
-  std::thread readmitter_;  // when readmit_interval > 0
+  std::thread readmitter_;  // when readmit_interval > 0 or lazy_
   std::mutex readmit_mutex_;
-  std::condition_variable readmit_wake_;  // stopping
+  std::condition_variable readmit_wake_;  // stopping, or readmit_kick_
+  bool readmit_kick_ = false;             // a peer is wanted (guarded by readmit_mutex_)
+  // Lanes connected when a pair first talks (resolved from RAILSHARD_IB_CONNECT).
+  bool lazy_ = false;
+  int64_t wanted_seen_ = 0;  // notices of peers that want this rank already read (readmit thread)
   std::atomic<bool> stopping_{false};
   int wake_fd_ = -1;
 

@@ -71,6 +71,10 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
     peers_[static_cast<size_t>(r)]->book = messaging::MessageBook(
         options.rank, r, &options_.formatter, messaging::MessageBook::Pieces::kWhole);
   }
+  const auto rdma_peers_count = std::count(rdma_peers.begin(), rdma_peers.end(), true) -
+                                (rdma_peers[static_cast<size_t>(options.rank)] ? 1 : 0);
+  lazy_ = options.connect == LaneConnect::kLazy ||
+          (options.connect == LaneConnect::kAuto && rdma_peers_count > kEagerPeers);
   control_->setFailureListener(
       [this](ErrorKind kind, const std::string& message) { onControlFailure(kind, message); });
   if (options.stripe_tcp) {
@@ -84,7 +88,7 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw Error("ibverbs: eventfd failed: " + errnoText(errno));
     progress_ = std::thread([this] { progressLoop(); });
-    if (options_.readmit_interval > Duration::zero()) {
+    if (options_.readmit_interval > Duration::zero() || lazy_) {
       readmitter_ = std::thread([this] { readmitLoop(); });
     }
   } catch (...) {
@@ -202,10 +206,6 @@ void IbverbsTransport::connectLanes(Store& store) {
       lane->peer = peer.rank;
       lane->rail = static_cast<int>(r);
       Rail& rail = *rails_[r];
-      lane->recv_ring =
-          allocateRegistered(api_, rail.pd, slots * slot_bytes,
-                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a receive ring");
-      lane->recv.emplace(slots);
       lane->local.rank = static_cast<uint32_t>(options_.rank);
       lane->local.rail = static_cast<uint16_t>(r);
       lane->local.port = static_cast<uint8_t>(rail.port.port);
@@ -217,10 +217,11 @@ void IbverbsTransport::connectLanes(Store& store) {
       lane->local.rd_atomic = rail.rd_atomic;
       lane->local.gid = rail.port.gid;
       lane->local.psn = random() & 0xffffffu;
-      lane->local.ring_addr = reinterpret_cast<uint64_t>(lane->recv_ring.data);
-      lane->local.ring_rkey = lane->recv_ring.mr->rkey;
-      lane->local.slots = slots;
-      lane->local.slot_bytes = static_cast<uint32_t>(slot_bytes);
+      if (lazy_) {
+        lane->failed = true;  // out of rotation until first use connects it (its rings too)
+      } else {
+        allocateReceiveRing(*lane);
+      }
       names.push_back(rail.port.device + ":" + std::to_string(rail.port.port));
       speeds.push_back(rail.port.gbps);
       peer.lanes.push_back(lane.get());
@@ -245,6 +246,17 @@ void IbverbsTransport::connectLanes(Store& store) {
                                ? std::vector<double>(speeds.size(), 1.0)
                                : speeds,
                            scheduler_options);
+    if (lazy_) {
+      peer.connected = false;
+      for (const Lane* lane : peer.lanes) {
+        peer.scheduler->markDown(lane->rail, "not connected yet (RAILSHARD_IB_CONNECT=lazy)");
+      }
+    }
+  }
+  if (lazy_) {
+    RS_LOG_DEBUG("rank {}: ibverbs: {} lanes on {} rails, each connected on first use",
+                 options_.rank, lanes_.size(), rails_.size());
+    return;
   }
   // Queue pairs to INIT with receives posted before anyone can learn their numbers: a write
   // with immediate that finds no receive posted is an RNR error.
@@ -264,15 +276,9 @@ void IbverbsTransport::connectLanes(Store& store) {
                           std::to_string(lane->remote.rank) + " rail " +
                           std::to_string(lane->remote.rail));
     }
-    Rail& rail = *rails_[static_cast<size_t>(lane->rail)];
-    lane->send_ring =
-        allocateRegistered(api_, rail.pd, size_t{lane->remote.slots} * lane->remote.slot_bytes,
-                           IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
-    lane->send.emplace(lane->remote.slots);
-    lane->in_flight.resize(lane->remote.slots);
-    lane->reads.resize(static_cast<size_t>(readDepth(lane->local, lane->remote)));
-    lane->writes.resize(kMaxWriteDepth);
+    prepareSendSide(*lane);
     moveToRts(*lane);
+    lane->ever_up = true;
   }
   // Nobody writes before every queue pair it writes to is ready to receive.
   store.setString(options_.key_prefix + "/ib/ready/" + std::to_string(options_.rank), "1", timeout);
@@ -283,6 +289,32 @@ void IbverbsTransport::connectLanes(Store& store) {
   if (!ready.empty()) store.wait(ready, timeout);
   RS_LOG_DEBUG("rank {}: ibverbs: {} lanes on {} rails, {} slots of {} bytes each way",
                options_.rank, lanes_.size(), rails_.size(), slots, slot_bytes);
+}
+
+void IbverbsTransport::allocateReceiveRing(Lane& lane) {
+  const auto slots = static_cast<uint32_t>(options_.slots);
+  Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
+  lane.recv_ring =
+      allocateRegistered(api_, rail.pd, slots * options_.slot_bytes,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a receive ring");
+  lane.recv.emplace(slots);
+  lane.local.ring_addr = reinterpret_cast<uint64_t>(lane.recv_ring.data);
+  lane.local.ring_rkey = lane.recv_ring.mr->rkey;
+  lane.local.slots = slots;
+  lane.local.slot_bytes = static_cast<uint32_t>(options_.slot_bytes);
+}
+
+void IbverbsTransport::prepareSendSide(Lane& lane) {
+  if (lane.send_ring.data == nullptr) {
+    Rail& rail = *rails_[static_cast<size_t>(lane.rail)];
+    lane.send_ring =
+        allocateRegistered(api_, rail.pd, size_t{lane.remote.slots} * lane.remote.slot_bytes,
+                           IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
+    lane.in_flight.assign(lane.remote.slots, {});
+  }
+  lane.send.emplace(lane.remote.slots);
+  lane.reads.assign(static_cast<size_t>(readDepth(lane.local, lane.remote)), {});
+  lane.writes.assign(kMaxWriteDepth, {});
 }
 
 void IbverbsTransport::createQueuePair(Lane& lane) {

@@ -29,30 +29,45 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
   auto op = std::make_shared<SendOp>(peer_rank, data, bytes, tag, peer->book.numberSend());
   if (cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data))
     prepareDeviceSendLocked(*peer, *op);
-  const auto rails = static_cast<size_t>(peer->scheduler->rails());  // lanes, then TCP
+  if (!peer->connected) {
+    // Lanes connected on first use: planned once one is up, in message order.
+    peer->deferred.push_back(op);
+    wantLocked(*peer);
+    return op;
+  }
+  planSendLocked(*peer, op);
+  lock.unlock();
+  raisePendingFailure();
+  if (poisoned_.load()) checkHealthy();  // a failure while posting is raised here, as over TCP
+  return op;
+}
+
+void IbverbsTransport::planSendLocked(Peer& peer, const std::shared_ptr<SendOp>& op) {
+  const size_t bytes = op->bytes();
+  const auto rails = static_cast<size_t>(peer.scheduler->rails());  // lanes, then TCP
   op->per_rail.resize(rails);
   op->next.assign(rails, 0);
   // A rendezvous is one piece, the offer, on the fastest rail up; the one-sided pieces that
   // follow are striped (by the reader, or by this rank once granted).
-  const bool rendezvous = bytes > 0 && prepareRendezvousLocked(*peer, *op);
+  const bool rendezvous = bytes > 0 && prepareRendezvousLocked(peer, *op);
   // PeerLostError when no rail is up; an empty message is one empty piece on the fastest.
   std::vector<rails::Piece> pieces;
   try {
-    pieces = peer->scheduler->split(rendezvous ? 0 : bytes);
+    pieces = peer.scheduler->split(rendezvous ? 0 : bytes);
   } catch (...) {
     op->regions.release();  // never queued: nothing else would deregister it
     throw;
   }
   if (rendezvous) pieces.front().length = op->descriptor.size();
   for (const auto& piece : pieces) {
-    if (piece.rail == peer->tcp_rail) {
+    if (piece.rail == peer.tcp_rail) {
       // One piece: the TCP transport cuts it for its own rails.
       op->per_rail[static_cast<size_t>(piece.rail)].push_back(
           SendOp::Chunk{piece.offset, piece.length});
       ++op->unposted;
       continue;
     }
-    const Lane& lane = *peer->lanes[static_cast<size_t>(piece.rail)];
+    const Lane& lane = *peer.lanes[static_cast<size_t>(piece.rail)];
     const size_t payload = lane.remote.slot_bytes - kHeaderBytes;
     auto& chunks = op->per_rail[static_cast<size_t>(piece.rail)];
     size_t done = 0;
@@ -63,12 +78,8 @@ RequestPtr IbverbsTransport::isend(int peer_rank, const void* data, size_t bytes
       ++op->unposted;
     } while (done < piece.length);
   }
-  peer->sending.push_back(op);
-  pumpLocked(*peer);
-  lock.unlock();
-  raisePendingFailure();
-  if (poisoned_.load()) checkHealthy();  // a failure while posting is raised here, as over TCP
-  return op;
+  peer.sending.push_back(op);
+  pumpLocked(peer);
 }
 
 int IbverbsTransport::awaitArrival(const std::vector<int>& peers,
@@ -83,6 +94,11 @@ int IbverbsTransport::awaitArrival(const std::vector<int>& peers,
     (peers_[static_cast<size_t>(r)] == nullptr ? over_tcp : over_rdma).push_back(r);
   }
   if (over_rdma.empty()) return control_->awaitArrival(over_tcp, accept, deadline);
+  {
+    // Nothing arrives from a peer whose lanes are not connected: connecting them is its first use.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int r : over_rdma) wantLocked(*peers_[static_cast<size_t>(r)]);
+  }
   auto pause = std::chrono::microseconds(50);
   for (;;) {
     checkHealthy();
@@ -116,6 +132,7 @@ RequestPtr IbverbsTransport::irecv(int peer_rank, void* data, size_t bytes, cons
     lock.unlock();
     checkHealthy();
   }
+  wantLocked(*peer);
   auto op = std::make_shared<RecvOp>(peer_rank, data, bytes, tag);
   op->device = cuda_ != nullptr && bytes > 0 && cuda_->isDeviceMemory(data);
   messaging::MessageBook::Posted posted = peer->book.post(op, data, bytes, tag);

@@ -33,6 +33,10 @@ constexpr size_t kOneSidedPieceBytes = size_t{256} << 10;
 // receives posted (each lane has 8 beyond its ring; credit writes take at most 2).
 constexpr size_t kMaxRendezvousInFlight = 4;
 
+// RAILSHARD_IB_CONNECT=auto: lanes are connected at start-up to at most this many RDMA peers,
+// on first use beyond (8 peers x 8 MiB of rings per rail: what eager costs is bounded).
+constexpr long kEagerPeers = 8;
+
 // wr_id: lane index (16 bits) and its queue pair's generation (16; Lane::id()) | kind (8) |
 // slot, count, read slot or message (24).
 enum class WorkKind : uint8_t {
@@ -148,6 +152,7 @@ struct IbverbsTransport::Lane {
   enum class Readmit : uint8_t { kIdle, kPublished, kConnected, kProbing };
   Readmit readmit = Readmit::kIdle;
   Clock::time_point readmit_since{};  // when its record was published
+  bool ever_up = false;               // connected once (a lazy lane starts without)
   uint32_t id() const { return index | (uint32_t{generation} << 16); }
   int peer = -1;
   int rail = 0;  // index in rails_ and in the peer's scheduler
@@ -300,7 +305,15 @@ struct IbverbsTransport::Peer {
   std::optional<rails::RailScheduler> scheduler;
   // Numbering, matching, staging and the checks before a byte lands.
   messaging::MessageBook book{-1, -1, nullptr};
-  std::deque<std::shared_ptr<SendOp>> sending;      // not fully posted, in message order
+  std::deque<std::shared_ptr<SendOp>> sending;  // not fully posted, in message order
+  // Lanes connected on first use (ibverbs_transport_lazy.cc): false until the first is up;
+  // `wanted` once this rank talked to the peer (or was told the peer wants it: `asked`);
+  // `announced` once the peer was told; the sends made before, not yet cut into pieces.
+  bool connected = true;
+  bool wanted = false;
+  bool asked = false;
+  bool announced = false;
+  std::deque<std::shared_ptr<SendOp>> deferred;
   std::deque<std::shared_ptr<OneSidedOp>> reading;  // rendezvous reads not fully posted
   std::deque<std::shared_ptr<OneSidedOp>> writing;  // rendezvous writes not fully posted
   // Rendezvous sends in progress (offered; read: waiting for the peer's kFin; write: for the
@@ -322,7 +335,7 @@ struct IbverbsTransport::Peer {
   // rank asks the peer for something; then it is the PeerLostError.
   std::string idle_failure;
   bool busy() const {
-    if (!sending.empty() || book.awaitsAny()) return true;
+    if (!sending.empty() || !deferred.empty() || book.awaitsAny()) return true;
     if (!reading.empty() || !writing.empty()) return true;
     if (!awaiting_fin.empty() || !awaiting_written.empty()) return true;
     for (const Lane* lane : lanes) {

@@ -162,6 +162,10 @@ void IbverbsTransport::handleCompletionLocked(const ibv_wc& wc) {
         break;
       case WorkKind::kRecv: {
         postReceives(lane, 1);
+        if (lane.failed && (lane.readmit == Lane::Readmit::kConnected ||
+                            lane.readmit == Lane::Readmit::kProbing)) {
+          laneUpLocked(lane);
+        }
         if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
           throw ProtocolError("a write without immediate data");
         }
@@ -460,6 +464,11 @@ void IbverbsTransport::wait(const RequestPtr& request, Deadline deadline) {
   if (timeout_explainer_) message << ": " << timeout_explainer_(request->tag());
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!peers_[static_cast<size_t>(request->peer())]->connected) {
+      message << "; no RDMA lane to rank " << request->peer()
+              << " ever connected (RAILSHARD_IB_CONNECT=lazy connects on first use: did that "
+                 "rank reach the store and this collective?)";
+    }
     failLocked(ErrorKind::kTimeout, message.str());
   }
   rethrowPoisoned();

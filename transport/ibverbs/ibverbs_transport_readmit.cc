@@ -46,15 +46,21 @@ constexpr auto kQuickLooks = std::chrono::seconds(5);
 }  // namespace
 
 void IbverbsTransport::readmitLoop() {
+  // With re-admission off (lazy lanes only), wanted notices are still looked for.
+  const Duration interval = options_.readmit_interval > Duration::zero()
+                                ? options_.readmit_interval
+                                : Duration(std::chrono::seconds(1));
   std::unique_lock<std::mutex> lock(readmit_mutex_);
-  Duration pause = options_.readmit_interval;
+  Duration pause = interval;
   while (!stopping_.load()) {
-    readmit_wake_.wait_for(lock, pause, [this] { return stopping_.load(); });
+    readmit_wake_.wait_for(lock, pause, [this] { return stopping_.load() || readmit_kick_; });
     if (stopping_.load()) break;
+    readmit_kick_ = false;
     lock.unlock();
-    const bool under_way = readmitLanes();
+    bool under_way = lazy_ && exchangeWanted();
+    under_way = readmitLanes() || under_way;
     lock.lock();
-    pause = under_way ? std::chrono::milliseconds(20) : options_.readmit_interval;
+    pause = under_way ? Duration(std::chrono::milliseconds(20)) : interval;
   }
 }
 
@@ -74,8 +80,11 @@ bool IbverbsTransport::readmitLanes() {
       Lane& lane = *owned;
       if (!lane.failed) continue;
       const Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
-      if (std::none_of(peer.lanes.begin(), peer.lanes.end(),
-                       [](const Lane* other) { return !other->failed; })) {
+      if (!peer.connected) {
+        if (!peer.wanted) continue;  // connected on first use (ibverbs_transport_lazy.cc)
+      } else if (options_.readmit_interval == Duration::zero() ||
+                 std::none_of(peer.lanes.begin(), peer.lanes.end(),
+                              [](const Lane* other) { return !other->failed; })) {
         continue;
       }
       if (lane.readmit == Lane::Readmit::kPublished || lane.readmit == Lane::Readmit::kConnected) {
@@ -100,10 +109,17 @@ bool IbverbsTransport::readmitLanes() {
         ++lane.generation;
         lane.send_outstanding = 0;
         lane.ends.clear();
+        if (lane.recv_ring.data == nullptr) allocateReceiveRing(lane);  // its first connection
         lane.recv.emplace(lane.local.slots);
         lane.local.psn = std::random_device{}() & 0xffffffu;
         createQueuePair(lane);  // INIT, receives posted: before anyone learns its number
       } catch (const Error& e) {
+        if (!lane.ever_up) {
+          // Its first connection (lazy): what eager start-up would have raised, raised now.
+          failLocked(ErrorKind::kConfig, "rank " + std::to_string(options_.rank) + ": " +
+                                             laneName(lane) + ": cannot connect: " + e.what());
+          break;
+        }
         RS_LOG_WARN("rank {}: {}: cannot make its queue pair again: {}", options_.rank,
                     laneName(lane), e.what());
         continue;
@@ -137,17 +153,27 @@ bool IbverbsTransport::readmitLanes() {
             fromHex(store_->getString(key("lane", lane.peer, me, lane.rail) + gen, kStoreTimeout)));
         {
           std::lock_guard<std::mutex> lock(mutex_);
-          if (poisoned_.load() || lane.generation != step.generation) continue;
+          if (poisoned_.load() || lane.generation != step.generation ||
+              lane.readmit != Lane::Readmit::kPublished) {
+            continue;
+          }
+          // A ring the staging ring was sized for, when the lane had been connected before.
           if (remote.rank != static_cast<uint32_t>(lane.peer) ||
               remote.rail != static_cast<uint16_t>(lane.rail) ||
-              remote.slots != lane.remote.slots || remote.slot_bytes != lane.remote.slot_bytes) {
+              (lane.send_ring.data != nullptr && (remote.slots != lane.remote.slots ||
+                                                  remote.slot_bytes != lane.remote.slot_bytes))) {
             throw ProtocolError("a connection record for another lane or ring");
           }
           lane.remote = remote;
-          moveToRts(lane);
-          lane.send.emplace(lane.remote.slots);
-          lane.reads.assign(static_cast<size_t>(readDepth(lane.local, lane.remote)), {});
-          lane.writes.assign(kMaxWriteDepth, {});
+          try {
+            prepareSendSide(lane);
+            moveToRts(lane);
+          } catch (const Error& e) {
+            if (lane.ever_up) throw;
+            failLocked(ErrorKind::kConfig, "rank " + std::to_string(me) + ": " + laneName(lane) +
+                                               ": cannot connect: " + e.what());
+            break;
+          }
           lane.readmit = Lane::Readmit::kConnected;
         }
         store_->add(key("connected", me, lane.peer, lane.rail), 1, kStoreTimeout);
@@ -158,7 +184,10 @@ bool IbverbsTransport::readmitLanes() {
         }
         {
           std::lock_guard<std::mutex> lock(mutex_);
-          if (poisoned_.load() || lane.generation != step.generation) continue;
+          if (poisoned_.load() || lane.generation != step.generation ||
+              lane.readmit != Lane::Readmit::kConnected) {
+            continue;  // (or up already: something arrived on it)
+          }
           // The probe: a zero-length write into the peer's ring (no immediate, so no receive
           // of the peer's is consumed); onProbedLocked() when it is acknowledged.
           ibv_send_wr wr{};
@@ -187,23 +216,35 @@ bool IbverbsTransport::readmitLanes() {
 
 void IbverbsTransport::onProbedLocked(Lane& lane, bool acknowledged) {
   --lane.send_outstanding;
-  if (lane.readmit != Lane::Readmit::kProbing) return;
-  lane.readmit = Lane::Readmit::kIdle;
+  if (lane.readmit != Lane::Readmit::kProbing) return;  // (up already: something arrived)
   if (!acknowledged || poisoned_.load()) {
+    lane.readmit = Lane::Readmit::kIdle;
     // The path is still down (or the peer's queue pair is not ours): made again later, once
     // this one's work has all completed. The queue pair is in error already.
     RS_LOG_DEBUG("rank {}: {}: the re-admission probe failed; tried again later", options_.rank,
                  laneName(lane));
     return;
   }
+  laneUpLocked(lane);
+}
+
+void IbverbsTransport::laneUpLocked(Lane& lane) {
+  lane.readmit = Lane::Readmit::kIdle;
   Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
   lane.failed = false;
   lane.last_completion = Clock::now();
   peer.scheduler->markUp(lane.rail);
-  RS_LOG_WARN(
-      "rank {}: {} is back (queue pair made again, generation {}); re-admitted at "
-      "{:.3f} Gbit/s",
-      options_.rank, laneName(lane), lane.generation, peer.scheduler->gbps(lane.rail));
+  if (lane.ever_up) {
+    RS_LOG_WARN(
+        "rank {}: {} is back (queue pair made again, generation {}); re-admitted at "
+        "{:.3f} Gbit/s",
+        options_.rank, laneName(lane), lane.generation, peer.scheduler->gbps(lane.rail));
+  } else {
+    RS_LOG_DEBUG("rank {}: {} connected on first use (generation {})", options_.rank,
+                 laneName(lane), lane.generation);
+  }
+  lane.ever_up = true;
+  if (!peer.connected) peerConnectedLocked(peer);
   postWhatFitsLocked(peer, lane);
 }
 
