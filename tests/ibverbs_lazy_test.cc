@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -66,21 +65,27 @@ TEST_F(OverEmulation, LazyLanesConnectOnlyThePairsARingAllreduceUses) {
     config.ib_connect = connect;
     config.algorithm = "ring";
     std::atomic<int> finished{0};
-    std::mutex mutex;
+    std::atomic<bool> counted{false};
     test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
       const auto rank = static_cast<size_t>(comm.rank());
       if (lazy) before[rank] = viewOf(comm);
       checkAllreducesAndBroadcast(comm, {1, 1000, 100000}, 0);
       // A ring broadcast goes round the ring too: still only neighbours.
       if (lazy) after[rank] = viewOf(comm);
-      // Every rank done before one counts: nothing is connected or closed meanwhile.
+      // Rank 0 counts once every rank is done and before any closes: nothing is connected or
+      // closed meanwhile.
       ++finished;
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       while (finished.load() < kSize && std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      std::lock_guard<std::mutex> lock(mutex);
-      if (rank == 0) objects[lazy ? 1 : 0] = hooks_.live_objects();
+      if (rank == 0) {
+        objects[lazy ? 1 : 0] = hooks_.live_objects();
+        counted = true;
+      }
+      while (!counted.load() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }));
   }
   for (int r = 0; r < kSize; ++r) {

@@ -207,6 +207,25 @@ TEST_F(OverRxe, ThreeHostsOnTwoRailsStayExact) {
   }));
 }
 
+// RAILSHARD_IB_CONNECT=lazy over real queue pairs: no lane exists before the first
+// collective; the first one connects them (generation 1 through the store, probed), and every
+// collective after is exact with every lane up and carrying bytes.
+TEST_F(OverRxe, ThreeHostsConnectLanesOnFirstUse) {
+  if (hosts_.size() < 3) GTEST_SKIP() << "RAILSHARD_TEST_RXE lists two hosts";
+  const size_t lanes = std::min<size_t>(rails(), 2);
+  Config config = rxeConfig();
+  config.ib_connect = LaneConnect::kLazy;
+  test::rethrowFirst(withRanks(3, lanes, config, [&](Communicator& comm) {
+    for (const auto& rail : comm.transport().rails()) {
+      EXPECT_FALSE(rail.up) << rail.name << " up before any traffic";
+      EXPECT_NE(rail.down_reason.find("not connected yet"), std::string::npos) << rail.down_reason;
+    }
+    checkEveryCollective(comm);
+    if (HasFatalFailure()) return;
+    expectLanesOn(comm, hosts_[comm.rank()], lanes);
+  }));
+}
+
 TEST_F(OverRxe, RdmaAndTcpStripedTogetherStayExact) {
   Config config = rxeConfig();
   config.stripe_tcp = true;

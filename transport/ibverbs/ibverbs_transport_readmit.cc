@@ -80,8 +80,10 @@ bool IbverbsTransport::readmitLanes() {
       Lane& lane = *owned;
       if (!lane.failed) continue;
       const Peer& peer = *peers_[static_cast<size_t>(lane.peer)];
-      if (!peer.connected) {
-        if (!peer.wanted) continue;  // connected on first use (ibverbs_transport_lazy.cc)
+      if (!lane.ever_up) {
+        // Its first connection (lazy, ibverbs_transport_lazy.cc): once the peer is wanted,
+        // and until it is up, whatever its peer's other lanes do.
+        if (!peer.wanted) continue;
       } else if (options_.readmit_interval == Duration::zero() ||
                  std::none_of(peer.lanes.begin(), peer.lanes.end(),
                               [](const Lane* other) { return !other->failed; })) {
