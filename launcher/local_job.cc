@@ -34,12 +34,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using transport::tcp::Fd;
 
-constexpr const char* kLaunchVariables[] = {
-    "RAILSHARD_RANK",           "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
-    "RAILSHARD_STORE_ADDR",     "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
-    "RAILSHARD_STORE_EXTERNAL", "RAILSHARD_JOIN",
-};
-
 // Blocks the signals the launcher waits for and delivers them through a signalfd, so that one
 // poll() loop sees rank output, rank exits and Ctrl-C alike. Restores the old mask on exit.
 class SignalCatcher {
@@ -252,6 +246,29 @@ std::string quoteLine(const std::string& line) {
   return quoted;
 }
 
+// Several hosts, once this node's ranks have all ended: counts this node in, and on node 0
+// (whose launcher hosts the store) waits until every node has, at most kNodesDoneWait, so that
+// no node's ranks lose the store while they still use it. A store out of reach is no error
+// here: the ranks' own results are what the launcher reports.
+void waitForOtherNodes(const LocalJobOptions& options, const std::string& token) {
+  try {
+    TcpStore store(options.master, token, std::chrono::seconds(10));
+    int64_t done = store.add(kNodesDoneKey, 1, std::chrono::seconds(10));
+    const auto until = Clock::now() + kNodesDoneWait;
+    while (options.node_rank == 0 && done < options.nnodes && Clock::now() < until) {
+      ::usleep(100 * 1000);
+      done = store.add(kNodesDoneKey, 0, std::chrono::seconds(10));
+    }
+    if (options.node_rank == 0 && done < options.nnodes && options.notice) {
+      options.notice("stopped waiting for the other nodes' ranks after " + seconds(kNodesDoneWait) +
+                     ": " + std::to_string(done) + " of " + std::to_string(options.nnodes) +
+                     " nodes done; closing the store");
+    }
+  } catch (const std::exception& e) {
+    if (options.notice) options.notice(std::string("could not count this node done: ") + e.what());
+  }
+}
+
 // Whether a rank's last error line is railshard's report of a lost peer (PeerLostError).
 bool reportsLostPeer(const std::string& line) {
   return line.find("PeerLostError") != std::string::npos ||
@@ -380,7 +397,9 @@ class Supervisor {
   // "rank 2", or "rank 2 (restart)" for a process started again in slot 2.
   std::string label(size_t index) const {
     const size_t slot = index < slots_.size() ? slots_[index] : index;
-    return "rank " + std::to_string(slot) + (slot == index ? "" : " (restarted)");
+    // Several hosts: the job's rank, not this launcher's slot.
+    const size_t first = static_cast<size_t>(options_.node_rank * options_.world_size);
+    return "rank " + std::to_string(first + slot) + (slot == index ? "" : " (restarted)");
   }
 
   void notice(const std::string& line) {
@@ -433,44 +452,6 @@ class Supervisor {
 
 }  // namespace
 
-std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, int rank,
-                                         int world_size, const std::string& store_addr,
-                                         const std::string& token, int store_fd,
-                                         bool store_external) {
-  std::vector<std::string> env;
-  env.reserve(base.size() + 6);
-  for (const auto& entry : base) {
-    const std::string name = entry.substr(0, entry.find('='));
-    const bool launch_variable =
-        std::any_of(std::begin(kLaunchVariables), std::end(kLaunchVariables),
-                    [&](const char* variable) { return name == variable; });
-    if (!launch_variable) env.push_back(entry);
-  }
-  env.push_back("RAILSHARD_RANK=" + std::to_string(rank));
-  env.push_back("RAILSHARD_WORLD_SIZE=" + std::to_string(world_size));
-  // One host: the local rank is the rank.
-  env.push_back("RAILSHARD_LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("RAILSHARD_STORE_ADDR=" + store_addr);
-  env.push_back("RAILSHARD_TOKEN=" + token);
-  if (store_fd >= 0) env.push_back("RAILSHARD_STORE_FD=" + std::to_string(store_fd));
-  if (store_external) env.push_back("RAILSHARD_STORE_EXTERNAL=1");
-  return env;
-}
-
-std::vector<std::string> torchEnvironment(const std::vector<std::string>& base, int rank,
-                                          int world_size, int master_port) {
-  auto has = [&](const std::string& name) {
-    return std::any_of(base.begin(), base.end(),
-                       [&](const std::string& entry) { return entry.rfind(name + "=", 0) == 0; });
-  };
-  std::vector<std::string> env = {
-      "RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
-      "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world_size)};
-  if (!has("MASTER_ADDR")) env.push_back("MASTER_ADDR=127.0.0.1");
-  if (!has("MASTER_PORT")) env.push_back("MASTER_PORT=" + std::to_string(master_port));
-  return env;
-}
-
 std::string describeEnding(int exit_code, int signal) {
   if (signal == 0) return "exited with status " + std::to_string(exit_code);
   // "SIGKILL" is what people type and grep for; strsignal's "Killed" is not.
@@ -507,13 +488,37 @@ int runLocalJob(const LocalJobOptions& options) {
                           (options.elastic ? "" : " without elastic"));
   }
 
+  const bool several_hosts = options.nnodes > 1;
+  if (options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    throw InvalidArgument("node rank " + std::to_string(options.node_rank) + " of " +
+                          std::to_string(options.nnodes) +
+                          " nodes: nodes must be at least 1 and the node rank below them");
+  }
+  if (several_hosts && (options.master.empty() || options.token.empty() || options.elastic)) {
+    throw InvalidArgument(
+        "a job over several hosts needs the master's address (node 0's HOST:PORT), the same "
+        "job token on every node (RAILSHARD_TOKEN) and no elastic mode");
+  }
   const std::string token = options.token.empty() ? makeJobToken() : options.token;
-  Fd listener = listenForStore(options.store_host, options.store_port);
-  const std::string store_addr = advertisedAddress(listener.get());
-
-  // A port for torch's own TCPStore (rank 0 binds it in init_process_group); free now, and
-  // the kernel does not hand out a just-released ephemeral port again at once.
-  const int torch_port = freeLocalPort();
+  // The launcher hosts the store itself (elastic; node 0 of several hosts), else rank 0 does.
+  const bool launcher_store = options.elastic || several_hosts;
+  Fd listener;
+  std::string store_addr;
+  std::string torch_host = "127.0.0.1";
+  int torch_port = 0;
+  if (several_hosts) {
+    const auto [host, port] = transport::tcp::splitHostPort(options.master, "--master");
+    store_addr = options.master;
+    torch_host = host;
+    torch_port = static_cast<int>(port) + 1;
+    if (options.node_rank == 0) listener = listenForStore(host, port);
+  } else {
+    listener = listenForStore(options.store_host, options.store_port);
+    store_addr = advertisedAddress(listener.get());
+    // A port for torch's own TCPStore (rank 0 binds it in init_process_group); free now, and
+    // the kernel does not hand out a just-released ephemeral port again at once.
+    torch_port = freeLocalPort();
+  }
 
   std::vector<std::string> base_env;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -535,12 +540,14 @@ int runLocalJob(const LocalJobOptions& options) {
   const auto start = [&](int rank, bool restart) {
     ChildSpec spec;
     spec.argv = options.command;
-    // Elastic: the launcher hosts the store, so no rank gets the socket.
-    const bool gets_socket = rank == 0 && !options.elastic;
-    spec.env = rankEnvironment(base_env, rank, options.world_size, store_addr, token,
-                               gets_socket ? listener.get() : -1, options.elastic);
+    // Elastic, several hosts: the launcher hosts the store, so no rank gets the socket.
+    const bool gets_socket = rank == 0 && !launcher_store;
+    const RankPlace place{options.node_rank * options.world_size + rank,
+                          options.nnodes * options.world_size, rank, options.world_size};
+    spec.env = rankEnvironment(base_env, place, store_addr, token,
+                               gets_socket ? listener.get() : -1, launcher_store);
     if (restart) spec.env.push_back("RAILSHARD_JOIN=1");
-    for (auto& entry : torchEnvironment(base_env, rank, options.world_size, torch_port)) {
+    for (auto& entry : torchEnvironment(base_env, place, torch_host, torch_port)) {
       // Replace, not duplicate, what an enclosing launcher left in the base environment.
       const std::string name = entry.substr(0, entry.find('=') + 1);
       std::erase_if(spec.env, [&](const std::string& e) { return e.rfind(name, 0) == 0; });
@@ -554,7 +561,7 @@ int runLocalJob(const LocalJobOptions& options) {
       spec.cgroup_procs = options.cgroup_procs[static_cast<size_t>(rank)];
     ProcessGroup::Pipes pipes = ranks.spawn(spec);
     std::string prefix;
-    if (options.prefix_output) prefix.append("[").append(std::to_string(rank)).append("] ");
+    if (options.prefix_output) prefix.append("[").append(std::to_string(place.rank)).append("] ");
     streams.push_back(Stream{std::move(pipes.out), LinePrefixer(prefix), &out});
     streams.push_back(Stream{std::move(pipes.err), LinePrefixer(prefix), &err});
     streams.back().prefixer.keepLastLine();
@@ -570,9 +577,9 @@ int runLocalJob(const LocalJobOptions& options) {
   // before are in the socket's backlog. Declared after `ranks`: on an exception the store
   // goes first, then the ranks are killed.
   std::unique_ptr<TcpStoreServer> store_server;
-  if (options.elastic) {
+  if (launcher_store && listener.valid()) {
     store_server = TcpStoreServer::adopt(listener.release(), token);
-    supervisor.setStore(store_addr, token);
+    if (options.elastic) supervisor.setStore(store_addr, token);
   } else {
     // Rank 0 owns the store socket now; a copy here would keep accepting connections (into a
     // backlog nobody reads) after rank 0 died, instead of refusing them.
@@ -627,6 +634,7 @@ int runLocalJob(const LocalJobOptions& options) {
     supervisor.onTick();
   }
   for (auto& stream : streams) drain(stream);
+  if (several_hosts) waitForOtherNodes(options, token);
   return supervisor.exitStatus();
 }
 

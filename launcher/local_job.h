@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/rank_environment.h"
+
 namespace railshard::launcher {
 
 // One job of railshard-launch: N ranks of one command on this host.
@@ -38,6 +40,17 @@ struct LocalJobOptions {
   // are left running (a rank being restarted counts); 0: no floor. With it, max_failures
   // may be left at its maximum (railshard-launch --min-ranks alone does that).
   int min_ranks = 0;
+  // Several hosts, one launcher on each (railshard-launch --nnodes N --node-rank K --master
+  // HOST:PORT): this launcher's world_size ranks are ranks K * world_size ... of a job of
+  // N * world_size, every one dials the store at `master`, which node 0's launcher hosts
+  // (listening on that address, so it must be node 0's; ranks get RAILSHARD_STORE_EXTERNAL=1)
+  // until every node's ranks have ended (each launcher counts its node in when its ranks
+  // have: kNodesDoneKey; at most kNodesDoneWait after its own). torch's store (MASTER_ADDR)
+  // is the master's host, its port the next one. Needs the same `token` on every node; not
+  // with elastic.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master;
   // Named in the failure line; empty: this machine's host name.
   std::string host_name;
   // Per rank slot, the control groups' cgroup.procs the rank enters before it execs (its CPU
@@ -51,6 +64,10 @@ struct LocalJobOptions {
 
 // Where an elastic job marks a failed rank in the store (see LocalJobOptions::elastic).
 inline constexpr const char* kLostRankKeyPrefix = "railshard/lost/";
+// Several hosts: how many nodes' ranks have all ended (LocalJobOptions::nnodes), and how long
+// node 0's launcher keeps the store for the others after its own ranks ended.
+inline constexpr const char* kNodesDoneKey = "railshard/launch/nodes_done";
+inline constexpr std::chrono::seconds kNodesDoneWait{60};
 
 // Starts the ranks, forwards their output line by line, and supervises them: the first rank
 // that fails (non-zero status or a signal) is reported in one line (rank, host, how it ended,
@@ -67,24 +84,6 @@ inline constexpr const char* kLostRankKeyPrefix = "railshard/lost/";
 // Throws SpawnError when the command cannot be executed, Error when the store address cannot
 // be bound; ranks already started are killed before the exception leaves.
 int runLocalJob(const LocalJobOptions& options);
-
-// The environment of one rank: `base` without any RAILSHARD_* launch variables it carries
-// (from an enclosing job, say), plus RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,
-// RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR, RAILSHARD_TOKEN, RAILSHARD_STORE_FD when
-// store_fd >= 0 and RAILSHARD_STORE_EXTERNAL=1 when store_external.
-std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, int rank,
-                                         int world_size, const std::string& store_addr,
-                                         const std::string& token, int store_fd,
-                                         bool store_external = false);
-
-// What torch.distributed's env:// rendezvous (and torchrun-style scripts) read: RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and MASTER_ADDR=127.0.0.1 / MASTER_PORT=
-// master_port unless `base` sets them (a user's choice is kept; every rank sees the same one).
-// Appended to each rank's environment, so dist.init_process_group("railshard") works
-// unchanged under railshard-launch. The rank variables always follow RAILSHARD_RANK: an
-// enclosing torchrun's values would contradict it.
-std::vector<std::string> torchEnvironment(const std::vector<std::string>& base, int rank,
-                                          int world_size, int master_port);
 
 // How a rank ended, for the failure line and the lost mark: "exited with status 3",
 // "killed by SIGKILL".

@@ -685,34 +685,36 @@ TEST(JobTokenTest, ThirtyTwoHexDigitsAndFresh) {
 
 TEST(RankEnvironmentTest, ReplacesLaunchVariablesAndKeepsTheRest) {
   const auto env = railshard::launcher::rankEnvironment(
-      {"PATH=/bin", "RAILSHARD_RANK=9", "RAILSHARD_STORE_FD=5", "RAILSHARD_TIMEOUT=3"}, 1, 2,
-      "127.0.0.1:5000", "tok", -1);
+      {"PATH=/bin", "RAILSHARD_RANK=9", "RAILSHARD_STORE_FD=5", "RAILSHARD_TIMEOUT=3"},
+      {1, 2, 1, 2}, "127.0.0.1:5000", "tok", -1);
   EXPECT_EQ(env, (std::vector<std::string>{"PATH=/bin", "RAILSHARD_TIMEOUT=3", "RAILSHARD_RANK=1",
                                            "RAILSHARD_WORLD_SIZE=2", "RAILSHARD_LOCAL_RANK=1",
                                            "RAILSHARD_STORE_ADDR=127.0.0.1:5000",
                                            "RAILSHARD_TOKEN=tok"}));
-  const auto rank0 = railshard::launcher::rankEnvironment({}, 0, 2, "127.0.0.1:5000", "tok", 7);
+  const auto rank0 =
+      railshard::launcher::rankEnvironment({}, {0, 2, 0, 2}, "127.0.0.1:5000", "tok", 7);
   EXPECT_EQ(rank0.back(), "RAILSHARD_STORE_FD=7");
 }
 
 TEST(RankEnvironmentTest, TorchVariablesFollowTheRankAndKeepTheUsersMaster) {
-  const auto env = railshard::launcher::torchEnvironment({"PATH=/bin"}, 2, 4, 41234);
+  const auto env =
+      railshard::launcher::torchEnvironment({"PATH=/bin"}, {2, 4, 2, 4}, "127.0.0.1", 41234);
   EXPECT_EQ(
       env, (std::vector<std::string>{"RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4",
                                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=41234"}));
   const auto users = railshard::launcher::torchEnvironment(
-      {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=5555", "RANK=7"}, 0, 2, 41234);
+      {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=5555", "RANK=7"}, {0, 2, 0, 2}, "127.0.0.1", 41234);
   EXPECT_EQ(users, (std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0",
                                              "LOCAL_WORLD_SIZE=2"}));
 }
 
 TEST(RankEnvironmentTest, ElasticRanksAreToldTheStoreIsExternal) {
-  const auto env = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"}, 0, 2,
-                                                        "127.0.0.1:5000", "tok", -1, true);
+  const auto env = railshard::launcher::rankEnvironment(
+      {"RAILSHARD_STORE_EXTERNAL=1"}, {0, 2, 0, 2}, "127.0.0.1:5000", "tok", -1, true);
   EXPECT_EQ(std::count(env.begin(), env.end(), "RAILSHARD_STORE_EXTERNAL=1"), 1);
   EXPECT_EQ(env.back(), "RAILSHARD_STORE_EXTERNAL=1");
-  const auto plain = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"}, 0, 2,
-                                                          "127.0.0.1:5000", "tok", 7);
+  const auto plain = railshard::launcher::rankEnvironment({"RAILSHARD_STORE_EXTERNAL=1"},
+                                                          {0, 2, 0, 2}, "127.0.0.1:5000", "tok", 7);
   EXPECT_EQ(std::count(plain.begin(), plain.end(), "RAILSHARD_STORE_EXTERNAL=1"), 0)
       << "an enclosing job's setting must not leak into a normal one";
 }

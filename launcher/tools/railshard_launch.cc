@@ -38,7 +38,8 @@ constexpr const char* kUsage = "usage: railshard-launch -n N [options] [--] PROG
 
 constexpr const char* kHelp =
     "\n"
-    "Starts N ranks of PROGRAM on this host, each with RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,\n"
+    "Starts N ranks of PROGRAM on this host (or on each of --nnodes hosts), each with "
+    "RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,\n"
     "RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR and RAILSHARD_TOKEN set, and supervises them:\n"
     "when one rank fails the others are stopped (unless --elastic), and SIGINT/SIGTERM are\n"
     "forwarded to all. The first failure is reported in one line, e.g.\n"
@@ -51,6 +52,14 @@ constexpr const char* kHelp =
     "  -n, --nproc N        number of ranks, 1 to 4096 (required)\n"
     "  --store-host ADDR    address the rendezvous store listens on (default 127.0.0.1)\n"
     "  --store-port PORT    its port (default 0: any free port)\n"
+    "  --nnodes N           the job spans N hosts, one railshard-launch on each with the\n"
+    "                       same -n, --nnodes, --master and RAILSHARD_TOKEN (default 1)\n"
+    "  --node-rank K        this host's place, 0 to N-1: it starts ranks K*n to K*n+n-1\n"
+    "                       (RAILSHARD_LOCAL_RANK 0 to n-1)\n"
+    "  --master HOST:PORT   with --nnodes: node 0's address; node 0's launcher hosts the\n"
+    "                       rendezvous store there for every node's ranks and keeps it\n"
+    "                       until every node's ranks have ended (at most 60 s after its\n"
+    "                       own); torch's MASTER_PORT is PORT+1\n"
     "  --grace SECONDS      time ranks get between SIGTERM and SIGKILL when the job is\n"
     "                       stopped (default 5)\n"
     "  --no-prefix          do not put \"[rank] \" before every line a rank prints\n"
@@ -229,6 +238,13 @@ Arguments parseArguments(int argc, char** argv) {
       if (args.job.store_host.empty()) throw UsageError{"--store-host needs an address"};
     } else if (name == "--store-port") {
       args.job.store_port = parsePort(value());
+    } else if (name == "--nnodes") {
+      args.job.nnodes = parseCount("--nnodes", value());
+      if (args.job.nnodes < 1) throw UsageError{"--nnodes must be at least 1"};
+    } else if (name == "--node-rank") {
+      args.job.node_rank = parseCount("--node-rank", value());
+    } else if (name == "--master") {
+      args.job.master = value();
     } else if (name == "--grace") {
       args.job.grace = parseGrace(value());
     } else if (name == "--dump-topology") {
@@ -268,6 +284,18 @@ Arguments parseArguments(int argc, char** argv) {
   if (!ranks) throw UsageError{"missing -n N (the number of ranks to start)"};
   if (i >= argc) throw UsageError{"no program given"};
   args.job.world_size = *ranks;
+  if (args.job.node_rank >= args.job.nnodes) {
+    throw UsageError{"--node-rank must be below --nnodes (" + std::to_string(args.job.nnodes) +
+                     "), got " + std::to_string(args.job.node_rank)};
+  }
+  if (args.job.nnodes > 1) {
+    if (args.job.master.empty()) throw UsageError{"--nnodes > 1 needs --master HOST:PORT"};
+    if (args.job.nnodes * *ranks > kMaxRanks) {
+      throw UsageError{"--nnodes x -n is more than " + std::to_string(kMaxRanks) + " ranks"};
+    }
+  } else if (!args.job.master.empty() || args.job.node_rank != 0) {
+    throw UsageError{"--master and --node-rank need --nnodes > 1"};
+  }
   if (!args.speeds.empty() && args.speeds.size() != static_cast<size_t>(*ranks)) {
     throw UsageError{"--emulate-speeds gives " + std::to_string(args.speeds.size()) +
                      " speeds for " + std::to_string(*ranks) + " ranks"};
@@ -275,6 +303,10 @@ Arguments parseArguments(int argc, char** argv) {
   if (!args.memory.empty() && args.memory.size() != static_cast<size_t>(*ranks)) {
     throw UsageError{"--emulate-memory gives " + std::to_string(args.memory.size()) +
                      " limits for " + std::to_string(*ranks) + " ranks"};
+  }
+  if (args.job.nnodes > 1 &&
+      (args.max_failures || args.max_restarts || args.min_ranks || args.job.elastic)) {
+    throw UsageError{"--nnodes > 1 runs without --elastic (and its options) for now"};
   }
   if (args.max_failures) {
     args.job.elastic = true;
@@ -358,6 +390,13 @@ int main(int argc, char** argv) {
 
   if (const char* token = std::getenv("RAILSHARD_TOKEN"); token != nullptr) {
     args.job.token = token;  // empty means unset: runLocalJob makes a fresh one
+  }
+  if (args.job.nnodes > 1 && args.job.token.empty()) {
+    std::fprintf(stderr,
+                 "%s: --nnodes %d: set RAILSHARD_TOKEN to the same value on every node (the "
+                 "job's shared secret; e.g. RAILSHARD_TOKEN=$(openssl rand -hex 16))\n",
+                 kName, args.job.nnodes);
+    return kUsageExit;
   }
   args.job.notice = printError;
   if (!args.dump_topology.empty()) {

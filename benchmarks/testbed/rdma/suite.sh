@@ -3,10 +3,11 @@
 # three emulated hosts joined by two rxe rails (rxe_hosts.sh), then
 #   1. tests/rdma_rxe_test: every collective x dtype over real verbs, 2 and 3 hosts, 1 and 2
 #      rails, RDMA and TCP striped together, a rail taken down mid all-reduce, every rail down;
-#   2. with --jobs: jobs of separate processes (tests/collective_check), one network, UTS and
+#   2. railshard-launch on two hosts (--nnodes 2), 2 ranks each, collective_check over RDMA;
+#   3. with --jobs: jobs of separate processes (tests/collective_check), one network, UTS and
 #      mount namespace per host: 2 hosts x 1 rank, 2 hosts x 2 ranks (shared memory inside a
 #      host, RDMA between), 3 hosts, and a killed rank that every survivor names;
-#   3. with --perf: allreduce_perf over RDMA and over TCP between the same hosts, beside
+#   4. with --perf: allreduce_perf over RDMA and over TCP between the same hosts, beside
 #      perftest's ib_write_bw as the link limit (docs/rdma.md "Soft-RoCE in a qemu guest").
 # Prints "rdma suite: N passed, M failed" and exits 1 when anything failed.
 set -uo pipefail
@@ -69,7 +70,34 @@ rendezvous=(--gtest_filter='-*RendezvousOverRxe*/Read')
 step "rdma_rxe_test" no_skips env RAILSHARD_TEST_RXE="$("$hosts" devices 0);$("$hosts" devices 1);$("$hosts" devices 2)" \
   RAILSHARD_TEST_RXE_LINKS="$hosts" "$build/tests/rdma_rxe_test" "${rendezvous[@]}"
 
-# 2. Separate processes, one network, UTS and mount namespace (host name, /dev/shm) per host.
+# 2. railshard-launch on two hosts, as a user starts a job: one launcher per host
+# (--nnodes 2 --node-rank K --master host 0's address), 2 ranks each: shared memory inside a
+# host, RDMA between; every rank of both launchers reports its all-reduces exact.
+launched() {
+  local port=$((30000 + RANDOM % 20000)) out0=/tmp/launch_node0.log out1=/tmp/launch_node1.log
+  local rc0 rc1 r
+  export RAILSHARD_TOKEN="suite-$RANDOM$RANDOM" RAILSHARD_TRANSPORT=auto
+  timeout 240 "$hosts" run 1 "$build/launcher/tools/railshard-launch" -n 2 --nnodes 2 \
+    --node-rank 1 --master "10.220.0.1:$port" "$build/tests/collective_check" --iterations 5 \
+    >"$out1" 2>&1 &
+  local other=$!
+  timeout 240 "$hosts" run 0 "$build/launcher/tools/railshard-launch" -n 2 --nnodes 2 \
+    --node-rank 0 --master "10.220.0.1:$port" "$build/tests/collective_check" --iterations 5 \
+    >"$out0" 2>&1
+  rc0=$?
+  wait "$other"
+  rc1=$?
+  unset RAILSHARD_TOKEN RAILSHARD_TRANSPORT
+  tail -4 "$out0" "$out1"
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || return 1
+  for r in 0 1 2 3; do
+    cat "$out0" "$out1" | grep -q "rank $r of 4 ok after 5 allreduces over shm per host and ibverbs" ||
+      { echo "rank $r did not report its all-reduces over RDMA"; return 1; }
+  done
+}
+step "railshard-launch on 2 hosts x 2 ranks" launched
+
+# 3. Separate processes, one network, UTS and mount namespace (host name, /dev/shm) per host.
 job() {  # job RANKS_PER_HOST EXPECT ARGS...: collective_check on the first two hosts
   local per=$1 expect=$2 out
   shift 2
@@ -101,7 +129,7 @@ killed() {
 step "a killed rank: every survivor raises naming it" killed
 fi
 
-if [ $perf = 1 ]; then
+if [ $perf = 1 ]; then  # 4.
   "$here/perf.sh" "$build" 4M
 fi
 echo "rdma suite: $passed passed, $failed failed in $(($(date +%s) - t0)) s"
