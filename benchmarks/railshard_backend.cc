@@ -13,6 +13,7 @@
 #include "core/topology/topology.h"
 #include "kernels/cuda/device_runtime.h"
 #include "launcher/init.h"
+#include "transport/transport.h"
 
 namespace railshard::bench {
 namespace {
@@ -38,9 +39,11 @@ class RailshardBackend : public PerfBackend {
     // Which transport the communicator chose, and what was asked for (RAILSHARD_TRANSPORT).
     // With several hosts: the layout, and shared memory inside each host plus the rails.
     const auto* layout = comm_->hostLayout();
+    // Between hosts: the transport's own name ("tcp", or "ibverbs" over RDMA).
+    const std::string between = comm_->transport().name();
     const std::string over = comm_->usesSharedMemory()       ? "shm"
-                             : comm_->usesHostSharedMemory() ? "shm inside hosts + tcp"
-                                                             : "tcp";
+                             : comm_->usesHostSharedMemory() ? "shm inside hosts + " + between
+                                                             : between;
     return std::string("railshard over ") + over +
            (layout != nullptr && layout->hostCount() > 1 ? ", " + layout->describe() : "") +
            " (RAILSHARD_TRANSPORT=" + std::string(railshard::name(comm_->config().transport)) +
