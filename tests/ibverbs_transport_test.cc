@@ -261,6 +261,9 @@ TEST_F(OverEmulation, ALaneFailingAtOneEndIsToldToTheOtherEnd) {
       checkTwoRankAllreduce(comm, iteration);
       if (::testing::Test::HasFatalFailure()) return;
       if (iteration != 3) continue;
+      // Idle first: a rendezvous end (kFin) still in flight on the lane when it breaks would
+      // let its sender find the failure itself, not be told (seen under ASan).
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (comm.rank() == 1) {
         bool broken = false;
         for (uint32_t qpn = 1; qpn < 100000 && !broken; ++qpn) {

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -111,10 +112,36 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
+namespace {
+
+// This process's directory under the test temporary directory, made on first use and removed
+// with everything in it when the process exits (a test binary leaves nothing behind, unless
+// it crashed). A child of a test (fork) inherits the path but not the removal.
+class ProcessTempDir {
+ public:
+  ProcessTempDir() {
+    std::string base = ::testing::TempDir();
+    if (!base.empty() && base.back() != '/') base += '/';
+    path_ = base + "railshard_test_" + std::to_string(::getpid());
+    std::filesystem::create_directories(path_);
+  }
+  ~ProcessTempDir() {
+    if (::getpid() != owner_) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  pid_t owner_ = ::getpid();
+};
+
+}  // namespace
+
 std::string tempPath(const std::string& name) {
-  std::string dir = ::testing::TempDir();
-  if (!dir.empty() && dir.back() != '/') dir += '/';
-  return dir + std::to_string(::getpid()) + "_" + name;
+  static ProcessTempDir dir;
+  return dir.path() + "/" + name;
 }
 
 int freePort() {

@@ -56,8 +56,9 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors);
 // A free TCP port on 127.0.0.1 at the time of the call.
 int freePort();
 
-// A path in the test temporary directory unique to this process: ctest runs the cases of one
-// binary as parallel processes, which would otherwise overwrite each other's files.
+// A path in a directory of the test temporary directory unique to this process (ctest runs
+// the cases of one binary as parallel processes, which would otherwise overwrite each other's
+// files); the directory goes when the process exits.
 std::string tempPath(const std::string& name);
 
 // The data rows of allreduce_perf's table (a launcher's "[r] " prefix removed), split into

@@ -189,6 +189,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   [[noreturn]] void rethrowPoisoned() const;
   std::string describe(const MessageTag& tag) const;
   std::string laneName(const Lane& lane) const;
+  // The store key of `what` for the lane from rank `from` to `to` on `rail`, start-up's
+  // ("lane") and re-admission's ("readmit/lane", "readmit/published", ...) alike.
+  std::string laneKey(const std::string& what, int from, int to, int rail) const;
   // ibverbs_transport_tcp.cc: the TCP connections as one more rail (RAILSHARD_STRIPE_TCP).
   // Posts a piece over them; false after failLocked().
   bool postTcpPieceLocked(Peer& peer, SendOp& op, size_t offset, size_t length, bool resend);

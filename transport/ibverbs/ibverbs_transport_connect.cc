@@ -174,10 +174,6 @@ void IbverbsTransport::openRails(const std::vector<HcaPort>& ports) {
 
 void IbverbsTransport::connectLanes(Store& store) {
   const Duration timeout = options_.connect_timeout;
-  const auto key = [&](const std::string& what, int from, int to, int rail) {
-    return options_.key_prefix + "/ib/" + what + "/" + std::to_string(from) + "/" +
-           std::to_string(to) + "/" + std::to_string(rail);
-  };
   // How many rails each RDMA peer has, and of which link layer: lane r exists when both have
   // a port r of the same link layer.
   std::string mine;
@@ -262,12 +258,12 @@ void IbverbsTransport::connectLanes(Store& store) {
   // with immediate that finds no receive posted is an RNR error.
   for (auto& lane : lanes_) {
     createQueuePair(*lane);
-    store.setString(key("lane", options_.rank, lane->peer, lane->rail), toHex(lane->local.encode()),
-                    timeout);
+    store.setString(laneKey("lane", options_.rank, lane->peer, lane->rail),
+                    toHex(lane->local.encode()), timeout);
   }
   for (auto& lane : lanes_) {
     const auto bytes =
-        fromHex(store.getString(key("lane", lane->peer, options_.rank, lane->rail), timeout));
+        fromHex(store.getString(laneKey("lane", lane->peer, options_.rank, lane->rail), timeout));
     lane->remote = LaneInfo::decode(bytes);
     if (lane->remote.rank != static_cast<uint32_t>(lane->peer) ||
         lane->remote.rail != static_cast<uint16_t>(lane->rail)) {
@@ -407,6 +403,11 @@ void IbverbsTransport::teardown() {
     rail->pd = nullptr;
     rail->context = nullptr;
   }
+}
+
+std::string IbverbsTransport::laneKey(const std::string& what, int from, int to, int rail) const {
+  return options_.key_prefix + "/ib/" + what + "/" + std::to_string(from) + "/" +
+         std::to_string(to) + "/" + std::to_string(rail);
 }
 
 std::string IbverbsTransport::laneName(const Lane& lane) const {

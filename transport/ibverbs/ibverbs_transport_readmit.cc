@@ -133,8 +133,7 @@ bool IbverbsTransport::readmitLanes() {
     }
   }
   const auto key = [&](const char* what, int from, int to, int rail) {
-    return options_.key_prefix + "/ib/readmit/" + what + "/" + std::to_string(from) + "/" +
-           std::to_string(to) + "/" + std::to_string(rail);
+    return laneKey(std::string("readmit/") + what, from, to, rail);
   };
   for (const Step& step : steps) {
     Lane& lane = *step.lane;
