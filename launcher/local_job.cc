@@ -250,13 +250,22 @@ std::string quoteLine(const std::string& line) {
 // (whose launcher hosts the store) waits until every node has, at most kNodesDoneWait, so that
 // no node's ranks lose the store while they still use it. A store out of reach is no error
 // here: the ranks' own results are what the launcher reports.
-void waitForOtherNodes(const LocalJobOptions& options, const std::string& token) {
+// A SIGINT or SIGTERM (`signals`) ends the wait at once.
+void waitForOtherNodes(const LocalJobOptions& options, const std::string& token,
+                       SignalCatcher& signals) {
   try {
     TcpStore store(options.master, token, std::chrono::seconds(10));
     int64_t done = store.add(kNodesDoneKey, 1, std::chrono::seconds(10));
     const auto until = Clock::now() + kNodesDoneWait;
     while (options.node_rank == 0 && done < options.nnodes && Clock::now() < until) {
-      ::usleep(100 * 1000);
+      pollfd fd{signals.fd(), POLLIN, 0};
+      if (::poll(&fd, 1, 100) > 0) {
+        const std::vector<int> caught = signals.take();
+        if (std::any_of(caught.begin(), caught.end(),
+                        [](int sig) { return sig == SIGINT || sig == SIGTERM; })) {
+          return;
+        }
+      }
       done = store.add(kNodesDoneKey, 0, std::chrono::seconds(10));
     }
     if (options.node_rank == 0 && done < options.nnodes && options.notice) {
@@ -634,7 +643,7 @@ int runLocalJob(const LocalJobOptions& options) {
     supervisor.onTick();
   }
   for (auto& stream : streams) drain(stream);
-  if (several_hosts) waitForOtherNodes(options, token);
+  if (several_hosts) waitForOtherNodes(options, token, signals);
   return supervisor.exitStatus();
 }
 

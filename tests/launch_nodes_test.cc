@@ -97,6 +97,24 @@ TEST(LaunchNodes, ARankFailingOnOneNodeFailsBothLaunchers) {
   EXPECT_NE(results[0].err.find("PeerLostError"), std::string::npos) << results[0].err;
 }
 
+// Node 0's launcher keeps the store for the other nodes after its own ranks ended (here node 1
+// never comes), at most kNodesDoneWait (60 s); a SIGTERM ends that wait at once.
+TEST(LaunchNodes, NodeZeroWaitingForTheOthersStopsOnSigterm) {
+  const std::string master = "127.0.0.1:" + std::to_string(railshard::test::freePort());
+  const auto start = std::chrono::steady_clock::now();
+  // The rank ends at once; a child it leaves behind tells the launcher to stop a second later.
+  const auto result = runProcess(
+      {kLaunch, "-n", "1", "--nnodes", "2", "--node-rank", "0", "--master", master, "/bin/sh", "-c",
+       "launcher=$PPID; (sleep 1; kill -TERM $launcher) >/dev/null 2>&1 & exit 0"},
+      {{"RAILSHARD_TOKEN", "launch-nodes-sigterm"}}, 90s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_LT(seconds, 20.0) << "node 0 waited out the other node after SIGTERM: " << result.err;
+  EXPECT_GT(seconds, 0.9) << "node 0 did not wait for the other node at all";
+}
+
 TEST(LaunchNodes, BadCombinationsAreUsageErrorsNamingTheProblem) {
   const auto usage = [](const std::vector<std::string>& args,
                         const std::map<std::string, std::string>& env) {
