@@ -4,7 +4,7 @@
 // verified all-reduces of collective_check pass on every rank of both nodes, a rank failing
 // on one node fails the other node's ranks and both launchers, and bad combinations are
 // usage errors naming the problem. Across real (emulated) hosts and RDMA: the Soft-RoCE guest
-// (docs/rdma.md, "railshard-launch across hosts").
+// (docs/rdma.md, "railshard-launch across the guest's hosts").
 #include <gtest/gtest.h>
 
 #include <chrono>
