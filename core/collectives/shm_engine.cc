@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -288,6 +289,15 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
                                              DataType dtype, ReduceOp op,
                                              const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
+  // PROTOTYPE (wip-26): RAILSHARD_SHM_SINGLE_COPY=0 keeps the staged path for comparison.
+  static const bool single_copy = [] {
+    const char* value = std::getenv("RAILSHARD_SHM_SINGLE_COPY");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  if (single_copy && count * element >= (size_t{1} << 20) && everyoneReadsEveryone() &&
+      singleCopyAllreduce(send, recv, count, dtype, op, tag)) {
+    return;
+  }
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const size_t piece = std::max<size_t>(1, segment_->slotBytes() / element);
