@@ -232,6 +232,15 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.p2p_shm = parseInteger("RAILSHARD_P2P_SHM", v, 0, 1) == 1;
        }},
+      {"RAILSHARD_SHM_SINGLE_COPY", "1M",
+       "One-host all-reduces of at least this many bytes (suffix K, M, G) read the other "
+       "ranks' buffers in place (process_vm_readv) instead of staging every byte through the "
+       "segment: each byte crosses memory once or twice, not three times. Needs cross-memory "
+       "reads between every pair of the host (RAILSHARD_P2P_SHM, checked at start-up); else "
+       "the staged path. 0: always staged.",
+       [](Config& c, const std::string& v) {
+         c.shm_single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
+       }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
        "before it sleeps in the kernel. Sleeping is cheap for the CPU but a wake-up can cost "
@@ -507,6 +516,7 @@ std::string Config::describe() const {
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
       << " shm_slot_bytes=" << shm_slot_bytes << " p2p_shm=" << p2p_shm
+      << " shm_single_copy_bytes=" << shm_single_copy_bytes
       << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
       << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="

@@ -203,6 +203,21 @@ void Communicator::checkBuffer(const char* collective, const char* what, const v
   }
 }
 
+void Communicator::checkDisjoint(const char* collective, const void* send, size_t send_bytes,
+                                 const void* recv, size_t recv_bytes, bool in_place_allowed) {
+  if (in_place_allowed && send == recv) return;
+  const auto s = reinterpret_cast<uintptr_t>(send);
+  const auto r = reinterpret_cast<uintptr_t>(recv);
+  if (send_bytes > 0 && recv_bytes > 0 && s < r + recv_bytes && r < s + send_bytes) {
+    // A partial overlap would be read by peers while this rank writes it: the result would
+    // depend on timing, so it is refused rather than silently wrong.
+    throw InvalidArgument(std::string(collective) + ": the send and recv buffers overlap" +
+                          (in_place_allowed
+                               ? " (in place, pass the same buffer as both)"
+                               : " (" + std::string(collective) + " is not in place)"));
+  }
+}
+
 void Communicator::checkTypes(const char* collective, DataType dtype, ReduceOp op) const {
   if (!isValid(dtype)) {
     throw InvalidArgument(std::string(collective) + ": invalid dtype " +
@@ -428,6 +443,7 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
   checkTypes("allreduce", dtype, op);
   checkBuffer("allreduce", "send", send, count, dtype);
   checkBuffer("allreduce", "recv", recv, count, dtype);
+  checkDisjoint("allreduce", send, count * sizeOf(dtype), recv, count * sizeOf(dtype), true);
   const Duration deadline = timeoutFor("allreduce", timeout);
   if (onDevice("allreduce", placement, send, recv, count)) {
     return allreduceOnDevice(send, recv, count, dtype, op, placement.stream, deadline);

@@ -276,6 +276,10 @@ class Communicator {
 
  private:
   Communicator(const Options& options, std::unique_ptr<transport::Transport> transport);
+  // InvalidArgument when [send, send + send_bytes) and [recv, recv + recv_bytes) share a byte;
+  // `in_place_allowed`: send == recv is accepted (the collective's in-place form).
+  static void checkDisjoint(const char* collective, const void* send, size_t send_bytes,
+                            const void* recv, size_t recv_bytes, bool in_place_allowed);
   void checkBuffer(const char* collective, const char* what, const void* buffer, size_t count,
                    DataType dtype) const;
   void checkTypes(const char* collective, DataType dtype, ReduceOp op) const;

@@ -121,14 +121,7 @@ void Communicator::allToAll(const void* send, const std::vector<size_t>& send_co
   checkBuffer("all_to_all", "send", send, send_total, dtype);
   checkBuffer("all_to_all", "recv", recv, recv_total, dtype);
   const size_t element = sizeOf(dtype);
-  const auto* s = static_cast<const uint8_t*>(send);
-  const auto* r = static_cast<const uint8_t*>(recv);
-  if (send_total > 0 && recv_total > 0 && s < r + recv_total * element &&
-      r < s + send_total * element) {
-    throw InvalidArgument(
-        "all_to_all: the send and recv buffers overlap (all-to-all is not "
-        "in place)");
-  }
+  checkDisjoint("all_to_all", send, send_total * element, recv, recv_total * element, false);
   std::vector<size_t> send_displs(n, 0);
   std::vector<size_t> recv_displs(n, 0);
   for (size_t i = 1; i < n; ++i) {

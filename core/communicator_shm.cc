@@ -165,6 +165,14 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       std::chrono::duration_cast<Duration>(config_.spin), mine);
   measureHost(store, key_prefix, *engine, leader);
   setUpMessages(*engine, local_rank);
+  engine->setSingleCopyBytes(config_.shm_single_copy_bytes);
+  if (config_.shm_single_copy_bytes > 0 && !engine->everyoneReadsEveryone() && local_rank == 0) {
+    RS_LOG_INFO(
+        "rank {}: large one-host all-reduces take the staged path through shared memory: "
+        "cross-memory reads (process_vm_readv) are refused between some ranks of this host "
+        "(RAILSHARD_P2P_SHM=0, ptrace_scope or a container's seccomp profile)",
+        rank_);
+  }
   if (layout_->hostCount() == 1) {
     shm_ = std::move(engine);
   } else {

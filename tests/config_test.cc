@@ -82,6 +82,26 @@ TEST(Config, LaneConnectIsAutoEagerOrLazy) {
   }
 }
 
+TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_SHM_SINGLE_COPY", value}};
+    return Config::fromEnvironment(&env).shm_single_copy_bytes;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).shm_single_copy_bytes, size_t{1} << 20);
+  EXPECT_EQ(parse("0"), 0u);
+  EXPECT_EQ(parse("256K"), size_t{256} << 10);
+  EXPECT_EQ(parse("4096"), 4096u);
+  try {
+    parse("on");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHM_SINGLE_COPY: expected a size in bytes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, BadValuesNameTheVariableAndValue) {
   auto messageOf = [](const std::string& key, const std::string& value) {
     const std::map<std::string, std::string> env = {{key, value}};

@@ -1,45 +1,179 @@
-// The single-copy all-reduce between processes of one host (core/collectives/
-// shm_single_copy.cc; WIP on branch wip-26): ranks of tests/programs/collective_check started
-// by hand, each its own process, so the peers' buffers really are read out of other processes
-// (process_vm_readv). Every result is checked element by element by the program against the
-// sum it computes on its own; the same runs with the single copy switched off
+// The single-copy all-reduce between ranks of one host (core/collectives/shm_single_copy.cc).
+//
+// In one process (ranks on threads, cross-memory reads of the process itself): every dtype x op,
+// in and out of place, against the scalar reference, with the single copy on from 4 KiB and
+// off; the trace's "shm_single_copy" phases prove which path ran (one per all-reduce at or
+// above the threshold, none below it or when off).
+//
+// Between processes (tests/programs/collective_check started by hand): the peers' buffers
+// really are in other processes; exact on the single copy, with it off
 // (RAILSHARD_SHM_SINGLE_COPY=0) and with cross-memory reads refused (RAILSHARD_P2P_SHM=0, what
-// a ptrace_scope or container policy does) take the staged path, same results; a peer killed
-// mid-run is a PeerLostError naming it on every survivor.
+// a ptrace_scope or container policy does); a peer killed mid-run is a PeerLostError naming it
+// on every survivor.
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "base/error.h"
+#include "base/memory_store.h"
+#include "base/trace.h"
+#include "core/communicator.h"
+#include "tests/collective_check.h"
+#include "tests/reference.h"
 #include "tests/test_util.h"
 
 namespace railshard {
 namespace {
 
+using json = nlohmann::json;
+
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
-TEST(ShmSingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
-  const std::vector<std::map<std::string, std::string>> settings = {
-      {{"RAILSHARD_SHM_SINGLE_COPY", "1"}},
-      {{"RAILSHARD_SHM_SINGLE_COPY", "0"}},
-      {{"RAILSHARD_P2P_SHM", "0"}},
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Phases named "shm_single_copy" in a rank's trace file.
+size_t singleCopyPhases(const std::string& path) {
+  size_t found = 0;
+  const json file = json::parse(readAll(path));  // kept: a range-for over a member of a
+                                                 // temporary would read a destroyed object
+  for (const auto& e : file["traceEvents"]) {
+    if (e.value("cat", "") == "phase" && e.value("name", "") == "shm_single_copy") ++found;
+  }
+  return found;
+}
+
+// (ranks, RAILSHARD_SHM_SINGLE_COPY in bytes)
+class SingleCopyThreads : public ::testing::TestWithParam<std::tuple<int, size_t>> {
+ protected:
+  void SetUp() override {
+    trace::disableAndClear();
+    dir_ = test::tempPath("single_copy_trace");
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override {
+    trace::disableAndClear();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_P(SingleCopyThreads, EveryDtypeOpInAndOutOfPlaceMatchesTheScalarReference) {
+  const int size = std::get<0>(GetParam());
+  const size_t threshold = std::get<1>(GetParam());
+  // 1000 elements: below 4 KiB for every dtype but the 8-byte ones; 5003: odd segments;
+  // 300000: several 256 KiB pieces per segment.
+  const std::vector<size_t> counts = {1000, 5003, 300000};
+  MemoryStore store;
+  test::rethrowFirst(test::runRanks(size, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = size;
+    options.config.timeout = std::chrono::seconds(60);
+    options.config.transport = TransportKind::kShm;
+    options.config.algorithm = "shm_rsag";
+    options.config.shm_slot_bytes = 64 * 1024;
+    options.config.shm_single_copy_bytes = threshold;
+    options.config.trace_dir = dir_;
+    options.config.trace_events = 1 << 20;
+    auto comm = Communicator::create(store, options);
+    test::checkEveryAllreduce(*comm, counts, [](const std::string& ran) {
+      if (ran != "shm_rsag") throw std::runtime_error("ran " + ran + ", not shm_rsag");
+    });
+  }));
+  trace::flush();
+  size_t expected = 0;  // all-reduces at or above the threshold, counted the scalar way
+  for (size_t count : counts) {
+    for (DataType dtype : test::allDataTypes()) {
+      if (threshold > 0 && count * sizeOf(dtype) >= threshold) expected += test::allOps().size();
+    }
+  }
+  if (threshold > 0) {
+    ASSERT_GT(expected, 0u);  // the test must reach the path it checks
+  }
+  for (int rank = 0; rank < size; ++rank) {
+    EXPECT_EQ(singleCopyPhases(trace::rankFile(dir_, rank)), expected) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndThreshold, SingleCopyThreads,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(size_t{4096}, size_t{0})),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == 0 ? "_off" : "_from4K");
+                         });
+
+TEST(SingleCopy, PartlyOverlappingBuffersAreRefusedOnEveryRank) {
+  MemoryStore store;
+  auto errors = test::runRanks(2, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = 2;
+    options.config.transport = TransportKind::kShm;
+    options.config.shm_single_copy_bytes = 4096;
+    auto comm = Communicator::create(store, options);
+    std::vector<float> data(4096, 1.0f);
+    try {
+      // recv starts one element into send: a peer would read what this rank already wrote.
+      comm->allreduce(data.data(), data.data() + 1, 4000, DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "rank " << rank << ": no InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce: the send and recv buffers overlap"),
+                std::string::npos)
+          << e.what();
+    }
+    // Refused before any step: the communicator is still in step, in place works.
+    comm->allreduce(data.data(), 4000, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(data[3999], 2.0f);
+  });
+  test::rethrowFirst(errors);
+}
+
+TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
+  struct Setting {
+    std::string variable, value;
+    bool single_copy;
   };
-  for (const auto& env : settings) {
-    SCOPED_TRACE(env.begin()->first + "=" + env.begin()->second);
-    // 3 processes, 300,000 int64 (2.4 MB: past the single copy's 1 MiB threshold).
-    auto results = test::runRanksByHand(kCheck, 3, {"--iterations", "6", "--count", "300000"}, env,
-                                        std::chrono::seconds(120), "single-copy");
+  const std::vector<Setting> settings = {
+      {"RAILSHARD_SHM_SINGLE_COPY", "1M", true},
+      {"RAILSHARD_SHM_SINGLE_COPY", "0", false},
+      {"RAILSHARD_P2P_SHM", "0", false},
+  };
+  for (const auto& setting : settings) {
+    SCOPED_TRACE(setting.variable + "=" + setting.value);
+    const std::string dir = test::tempPath("single_copy_processes");
+    std::filesystem::remove_all(dir);
+    // 3 processes, 300,000 int64 (2.4 MB: past the 1 MiB threshold).
+    auto results =
+        test::runRanksByHand(kCheck, 3, {"--iterations", "6", "--count", "300000"},
+                             {{setting.variable, setting.value}, {"RAILSHARD_TRACE", dir}},
+                             std::chrono::seconds(120), "single-copy");
     for (int rank = 0; rank < 3; ++rank) {
       const auto& r = results[static_cast<size_t>(rank)];
       ASSERT_EQ(r.exit_code, 0) << "rank " << rank << ": " << r.out << r.err;
       EXPECT_NE(r.out.find("ok after 6 allreduces over shm"), std::string::npos) << r.out;
+      EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank)), setting.single_copy ? 6u : 0u)
+          << "rank " << rank;
     }
+    std::filesystem::remove_all(dir);
   }
 }
 
-TEST(ShmSingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
+TEST(SingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
+  // 2,000,000 int64 (16 MB) per all-reduce: the kill lands in a single-copy read or wait.
   auto results = test::runRanksByHand(kCheck, 3,
                                       {"--iterations", "200", "--count", "2000000", "--die-rank",
                                        "1", "--die-after", "3", "--die-how", "kill"},

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -289,14 +288,8 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
                                              DataType dtype, ReduceOp op,
                                              const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
-  // PROTOTYPE (wip-26): RAILSHARD_SHM_SINGLE_COPY=0 keeps the staged path for comparison.
-  static const bool single_copy = [] {
-    const char* value = std::getenv("RAILSHARD_SHM_SINGLE_COPY");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  if (single_copy && count * element >= (size_t{1} << 20) && everyoneReadsEveryone() &&
-      singleCopyAllreduce(send, recv, count, dtype, op, tag)) {
-    return;
+  if (single_copy_bytes_ > 0 && count * element >= single_copy_bytes_ && everyoneReadsEveryone()) {
+    return singleCopyAllreduce(send, recv, count, dtype, op, tag);
   }
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);

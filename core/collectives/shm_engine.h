@@ -72,6 +72,11 @@ class ShmEngine {
   transport::shm::ShmSegment& segment() { return *segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // All-reduces of at least this many bytes read the peers' buffers in place when every rank
+  // of the segment may read every other's memory (Config::shm_single_copy_bytes; 0 = never).
+  void setSingleCopyBytes(size_t bytes) { single_copy_bytes_ = bytes; }
+  // Every rank of the segment can read every other's memory (RankControl::readable_mask).
+  bool everyoneReadsEveryone() const;
   // Deadline of every wait from now on (a per-call override of Config::timeout).
   void setTimeout(Duration timeout) { timeout_ = timeout; }
   // Called while a wait sleeps (every 100 ms); throws when the ranks' other channel (the TCP
@@ -87,8 +92,6 @@ class ShmEngine {
 
  private:
   std::vector<size_t> uniformBlocks(size_t block) const;
-  // Every rank of the segment can read every other's memory (RankControl::readable_mask).
-  bool everyoneReadsEveryone() const;
   int nameOf(int rank) const { return names_.empty() ? rank : names_[static_cast<size_t>(rank)]; }
   void beginStep(const transport::MessageTag& tag);
   void publishPosted();
@@ -99,7 +102,7 @@ class ShmEngine {
   void waitAllPosted();
   void reduceAll(void* out, const void* const* sources, size_t count, DataType dtype, ReduceOp op);
   // shm_single_copy.cc: the all-reduce through the peers' own buffers (cross-memory attach).
-  bool singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+  void singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                            const transport::MessageTag& tag);
   [[noreturn]] void throwAborted();
   void checkPeerAlive(int peer, const char* what);
@@ -112,6 +115,7 @@ class ShmEngine {
   transport::MessageTag tag_;  // collective of the current step
   bool oversubscribed_ = false;
   Duration spin_time_;
+  size_t single_copy_bytes_ = 0;
   std::vector<int> names_;
   std::function<void()> health_check_;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;

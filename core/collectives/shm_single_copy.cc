@@ -1,6 +1,5 @@
-// Single-copy all-reduce between the ranks of one host (issue #26; PROTOTYPE on branch
-// wip-26, not yet measured against its targets): instead of copying every input into the
-// segment, reducing from the slots and copying every result out (each byte through memory
+// Single-copy all-reduce between the ranks of one host (issue #26): instead of copying every input
+// into the segment, reducing from the slots and copying every result out (each byte through memory
 // three times), each rank reads the peers' parts of *their* buffers with cross-memory attach
 // (process_vm_readv) into a cache-sized piece and reduces it with its own into its recv
 // segment, then reads the other ranks' reduced segments straight out of their recv buffers.
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/trace.h"
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/copy.h"
@@ -27,8 +27,9 @@ constexpr size_t kPieceBytes = size_t{256} << 10;
 
 }  // namespace
 
-bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype,
+void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype,
                                     ReduceOp op, const transport::MessageTag& tag) {
+  const trace::Span phase(trace::Category::kPhase, "shm_single_copy", tag.sequence);
   const size_t element = sizeOf(dtype);
   const size_t n = static_cast<size_t>(size_);
   const size_t me = static_cast<size_t>(rank_);
@@ -109,7 +110,6 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   beginStep(tag);
   publishPosted();
   waitAllPosted();
-  return true;
 }
 
 }  // namespace railshard::collectives
