@@ -248,6 +248,13 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
        }},
+      {"RAILSHARD_WAIT", "auto",
+       "How a shared-memory wait passes the time. spin: poll RAILSHARD_SPIN_US (pause, then "
+       "yielding) before sleeping. sleep: sleep in the kernel almost at once (a finishing rank "
+       "wakes exactly the ranks that wait on it). auto: spin while the machine has a core for "
+       "every runnable thread, sleep when it is busier (runnable threads sampled from "
+       "/proc/loadavg every 100 ms) or when the rank's CPU quota (cgroup) is under a core.",
+       [](Config& c, const std::string& v) { c.wait = waitModeFrom(v); }},
       {"RAILSHARD_KERNEL_ISA", "auto",
        "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "
        "choice the CPU cannot run is a ConfigError. Read by kernels/ itself.",
@@ -440,6 +447,9 @@ const Names<RendezvousVerb> kRendezvousVerbNames{"RAILSHARD_IB_RENDEZVOUS_VERB",
 const Names<LaneConnect> kLaneConnectNames{
     "RAILSHARD_IB_CONNECT",
     {{LaneConnect::kAuto, "auto"}, {LaneConnect::kEager, "eager"}, {LaneConnect::kLazy, "lazy"}}};
+const Names<WaitMode> kWaitModeNames{
+    "RAILSHARD_WAIT",
+    {{WaitMode::kAuto, "auto"}, {WaitMode::kSpin, "spin"}, {WaitMode::kSleep, "sleep"}}};
 const Names<NcclMode> kNcclNames{
     "RAILSHARD_NCCL", {{NcclMode::kAuto, "auto"}, {NcclMode::kOn, "on"}, {NcclMode::kOff, "off"}}};
 const Names<LogLevel> kLogLevelNames{"RAILSHARD_LOG_LEVEL",
@@ -465,6 +475,14 @@ std::string_view name(NcclMode mode) {
 std::string_view name(RendezvousVerb verb) {
   return kRendezvousVerbNames.of(verb);
 }
+std::string_view name(WaitMode mode) {
+  return kWaitModeNames.of(mode);
+}
+
+WaitMode waitModeFrom(const std::string& text) {
+  return kWaitModeNames.from(text);
+}
+
 std::string_view name(LaneConnect connect) {
   return kLaneConnectNames.of(connect);
 }
@@ -522,7 +540,7 @@ std::string Config::describe() const {
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="
       << (ib_rendezvous_auto ? std::string("auto") : std::to_string(ib_rendezvous))
       << " ib_rendezvous_verb=" << name(ib_rendezvous_verb) << " ib_readmit=" << ib_readmit.count()
-      << "ms ib_connect=" << name(ib_connect)
+      << "ms ib_connect=" << name(ib_connect) << " wait=" << name(wait)
       << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")

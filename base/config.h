@@ -19,6 +19,8 @@ enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
 enum class RendezvousVerb : uint8_t { kAuto, kRead, kWrite };
 // When RDMA lanes to a peer are connected: all at start-up, or when the pair first talks.
 enum class LaneConnect : uint8_t { kAuto, kEager, kLazy };
+// How a shared-memory wait passes the time (RAILSHARD_WAIT; transport/shm/wait_policy.h).
+enum class WaitMode : uint8_t { kAuto, kSpin, kSleep };
 // RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
 enum class NcclMode : uint8_t { kAuto, kOn, kOff };
 // RAILSHARD_LOG_LEVEL, least to most severe; kOff logs nothing.
@@ -30,6 +32,7 @@ std::string_view name(RailWeights weights);
 std::string_view name(NcclMode mode);
 std::string_view name(RendezvousVerb verb);
 std::string_view name(LaneConnect connect);
+std::string_view name(WaitMode mode);
 std::string_view name(LogLevel level);
 // From those names; ConfigError naming the variable, the value and the names it takes.
 TransportKind transportKindFrom(const std::string& text);
@@ -37,6 +40,7 @@ RailWeights railWeightsFrom(const std::string& text);
 NcclMode ncclModeFrom(const std::string& text);
 RendezvousVerb rendezvousVerbFrom(const std::string& text);
 LaneConnect laneConnectFrom(const std::string& text);
+WaitMode waitModeFrom(const std::string& text);
 LogLevel logLevelFrom(const std::string& text);
 
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
@@ -71,6 +75,7 @@ struct Config {
   bool p2p_shm = true;              // RAILSHARD_P2P_SHM: same-host messages through shared memory
   size_t shm_single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
   std::chrono::microseconds spin{2000};            // poll this long before sleeping in a wait
+  WaitMode wait = WaitMode::kAuto;                 // RAILSHARD_WAIT
   std::string socket_ifname;  // interface (prefix) whose address peers connect to
   std::string topo_file;      // RAILSHARD_TOPO_FILE: load the cluster graph from here
   std::string topo_dump;      // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here

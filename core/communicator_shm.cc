@@ -162,7 +162,7 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
   auto engine = std::make_unique<collectives::ShmEngine>(
       std::move(segment), local_rank, local_size,
       std::chrono::duration_cast<Duration>(config_.timeout),
-      std::chrono::duration_cast<Duration>(config_.spin), mine);
+      std::chrono::duration_cast<Duration>(config_.spin), mine, config_.wait);
   measureHost(store, key_prefix, *engine, leader);
   setUpMessages(*engine, local_rank);
   engine->setSingleCopyBytes(config_.shm_single_copy_bytes);

@@ -102,6 +102,25 @@ TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
   }
 }
 
+TEST(Config, WaitIsAutoSpinOrSleep) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_WAIT", value}};
+    return Config::fromEnvironment(&env).wait;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).wait, WaitMode::kAuto);
+  EXPECT_EQ(parse("spin"), WaitMode::kSpin);
+  EXPECT_EQ(parse("sleep"), WaitMode::kSleep);
+  try {
+    parse("yield");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_WAIT: unknown value 'yield'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, BadValuesNameTheVariableAndValue) {
   auto messageOf = [](const std::string& key, const std::string& value) {
     const std::map<std::string, std::string> env = {{key, value}};

@@ -16,6 +16,7 @@
 #include "core/collective_tag.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
+#include "transport/shm/machine_load.h"
 
 namespace railshard::collectives {
 
@@ -61,27 +62,40 @@ struct BlockPieces {
 
 // How long a peer may stay silent before we look at whether its process still exists.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// How often waits look at the machine's load again (RAILSHARD_WAIT=auto).
+constexpr auto kReplanPeriod = std::chrono::milliseconds(100);
 
 }  // namespace
 
 ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-                     Duration timeout, Duration spin, std::vector<int> names)
+                     Duration timeout, Duration spin, std::vector<int> names, WaitMode wait)
     : segment_(std::move(segment)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
-      names_(std::move(names)) {
+      names_(std::move(names)),
+      wait_mode_(wait),
+      spin_time_(spin) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
-  // With a core per rank, spinning a little catches a peer that is a few microseconds behind
-  // without a sleep/wake-up; with more ranks than cores the peer needs our core, so we only
-  // glance before sleeping.
-  // Sleeping is expensive here: a futex wake-up of an idle (virtual) CPU costs hundreds of
-  // microseconds, so a waiter first polls for a while. With a core per rank it polls with
-  // `pause`; with more ranks than cores it yields instead, so that a rank it waits for can run
-  // on this core right away.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  oversubscribed_ = static_cast<unsigned>(size_) > cores;
-  spin_time_ = spin;
+  machine_.cores = transport::shm::allowedCores();
+  machine_.quota_cores = transport::shm::cpuQuotaCores();
+  machine_.local_ranks = static_cast<unsigned>(size_);
+  replanWait(Clock::now());
+}
+
+void ShmEngine::replanWait(Clock::time_point now) {
+  if (wait_mode_ == WaitMode::kAuto) machine_.runnable = transport::shm::runnableThreads();
+  const transport::shm::WaitPlan before = wait_plan_;
+  wait_plan_ = transport::shm::planWait(wait_mode_, machine_, spin_time_);
+  if ((wait_plan_.busy != before.busy || wait_plan_.sleeps_early != before.sleeps_early) &&
+      rank_ == 0 && wait_mode_ == WaitMode::kAuto) {
+    RS_LOG_DEBUG("shared memory waits now {}: {} runnable threads, {} cores, quota {} cores",
+                 wait_plan_.sleeps_early ? "sleep early"
+                 : wait_plan_.busy       ? "yield at once"
+                                         : "pause first",
+                 machine_.runnable, machine_.cores, machine_.quota_cores);
+  }
+  next_replan_ = now + kReplanPeriod;
 }
 
 ShmEngine::~ShmEngine() {
@@ -151,22 +165,22 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
   if (span.active()) span.event().peer = peer;
   auto& header = segment_->header();
   const Clock::time_point spin_start = Clock::now();
-  // Pure polling only briefly: if the rank we wait for shares our core (oversubscribed, or
-  // other processes busy on the machine) polling would only delay it, so after that we yield.
-  const auto pause_time = oversubscribed_ ? Duration(0) : std::chrono::microseconds(20);
-  bool yielding = oversubscribed_;
-  for (uint32_t i = 1;; ++i) {
+  if (spin_start >= next_replan_) replanWait(spin_start);
+  // Poll with `pause` while the rank waited for is likely running on another core, then
+  // yield the core (it may need ours), then sleep (wait_policy.h says how long each).
+  bool yielding = wait_plan_.pause == Duration(0);
+  for (uint32_t i = 1; wait_plan_.poll > Duration(0); ++i) {
     if (yielding) {
       sched_yield();
     } else {
       cpuRelax();
     }
     if (FutexWord::reached(flag.load(), target)) return;
-    if ((i & 63u) == 0) {
+    if ((i & 63u) == 0 || yielding) {
       if (header.aborted.load() != 0) throwAborted();
       const auto spent = Clock::now() - spin_start;
-      if (spent >= spin_time_) break;
-      yielding = yielding || spent >= pause_time;
+      if (spent >= wait_plan_.poll) break;
+      yielding = yielding || spent >= wait_plan_.pause;
     }
   }
   const Clock::time_point start = Clock::now();

@@ -12,6 +12,7 @@
 #include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/shm/wait_policy.h"
 
 namespace railshard::collectives {
 
@@ -31,7 +32,8 @@ class ShmEngine {
   // rank of each of the segment's ranks, for messages (one host of several: its ranks are
   // 0..size-1 here but not in the communicator); empty = the same numbers.
   ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
-            Duration timeout, Duration spin, std::vector<int> names = {});
+            Duration timeout, Duration spin, std::vector<int> names = {},
+            WaitMode wait = WaitMode::kAuto);
   ~ShmEngine();
 
   // Everyone reads every rank's whole input and reduces all of it: one synchronisation,
@@ -113,10 +115,16 @@ class ShmEngine {
   Duration timeout_;
   uint32_t step_ = 0;
   transport::MessageTag tag_;  // collective of the current step
-  bool oversubscribed_ = false;
-  Duration spin_time_;
-  size_t single_copy_bytes_ = 0;
   std::vector<int> names_;
+  // How waits poll (transport/shm/wait_policy.h), re-planned from the machine's load every
+  // kReplanPeriod (reading /proc/loadavg costs microseconds; a wait, nanoseconds).
+  void replanWait(Clock::time_point now);
+  WaitMode wait_mode_;
+  Duration spin_time_;
+  transport::shm::MachineState machine_;
+  transport::shm::WaitPlan wait_plan_;
+  Clock::time_point next_replan_{};
+  size_t single_copy_bytes_ = 0;
   std::function<void()> health_check_;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };

@@ -1,0 +1,181 @@
+// How shared-memory waits pass the time (transport/shm/wait_policy.h, machine_load.h):
+// planWait on synthetic machines; the machine's inputs read from the real machine (busy child
+// processes, an affinity mask, a real cgroup v1 quota); every RAILSHARD_WAIT mode exact
+// through a communicator.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/memory_store.h"
+#include "core/communicator.h"
+#include "tests/test_util.h"
+#include "transport/shm/machine_load.h"
+#include "transport/shm/wait_policy.h"
+
+namespace railshard {
+namespace {
+
+using std::chrono::microseconds;
+using transport::shm::MachineState;
+using transport::shm::planWait;
+using transport::shm::WaitPlan;
+
+const Duration kSpin = microseconds(2000);
+
+MachineState machine(unsigned runnable, unsigned cores, unsigned ranks, double quota = 0) {
+  MachineState m;
+  m.runnable = runnable;
+  m.cores = cores;
+  m.local_ranks = ranks;
+  m.quota_cores = quota;
+  return m;
+}
+
+TEST(WaitPolicy, IdleMachineWithACorePerRankPausesThenYieldsThenSleeps) {
+  const WaitPlan plan = planWait(WaitMode::kAuto, machine(2, 2, 2), kSpin);
+  EXPECT_EQ(plan.pause, microseconds(20));
+  EXPECT_EQ(plan.poll, kSpin);
+  EXPECT_FALSE(plan.busy);
+  EXPECT_FALSE(plan.sleeps_early);
+}
+
+TEST(WaitPolicy, OtherProcessesOnTheCoresMakeItPauseThroughTheBudgetWithoutYielding) {
+  // Two busy processes beside a 2-rank job on 2 cores.
+  const WaitPlan plan = planWait(WaitMode::kAuto, machine(4, 2, 2), kSpin);
+  EXPECT_TRUE(plan.busy);
+  EXPECT_EQ(plan.pause, kSpin);
+  EXPECT_EQ(plan.poll, kSpin);
+  // One more runnable thread than ranks but cores to spare: not busy.
+  EXPECT_FALSE(planWait(WaitMode::kAuto, machine(3, 8, 2), kSpin).busy);
+}
+
+TEST(WaitPolicy, MoreRanksThanCoresYieldAtOnce) {
+  const WaitPlan alone = planWait(WaitMode::kAuto, machine(4, 2, 4), kSpin);
+  EXPECT_FALSE(alone.busy);
+  EXPECT_EQ(alone.pause, Duration(0));
+  EXPECT_EQ(alone.poll, kSpin);
+  // With others busy too, still yield: pausing would keep the core from a peer of ours.
+  const WaitPlan crowded = planWait(WaitMode::kAuto, machine(6, 2, 4), kSpin);
+  EXPECT_TRUE(crowded.busy);
+  EXPECT_EQ(crowded.pause, Duration(0));
+}
+
+TEST(WaitPolicy, AQuotaUnderOneCoreSleepsAfterAGlance) {
+  const WaitPlan plan = planWait(WaitMode::kAuto, machine(2, 2, 2, 0.5), kSpin);
+  EXPECT_TRUE(plan.sleeps_early);
+  EXPECT_EQ(plan.poll, microseconds(2));
+  EXPECT_FALSE(planWait(WaitMode::kAuto, machine(2, 2, 2, 1.5), kSpin).sleeps_early);
+  // Never longer than the configured spin (RAILSHARD_SPIN_US=0 sleeps at once).
+  EXPECT_EQ(planWait(WaitMode::kAuto, machine(2, 2, 2, 0.5), Duration(0)).poll, Duration(0));
+}
+
+TEST(WaitPolicy, SpinAndSleepIgnoreTheMachine) {
+  for (const MachineState& m : {machine(2, 2, 2), machine(9, 2, 2), machine(2, 2, 2, 0.2)}) {
+    const WaitPlan spin = planWait(WaitMode::kSpin, m, kSpin);
+    EXPECT_EQ(spin.pause, microseconds(20));
+    EXPECT_EQ(spin.poll, kSpin);
+    const WaitPlan sleep = planWait(WaitMode::kSleep, m, kSpin);
+    EXPECT_TRUE(sleep.sleeps_early);
+    EXPECT_EQ(sleep.poll, microseconds(2));
+  }
+}
+
+// Forks a child that runs `fn` and exits with its result (0..255).
+int inChild(const std::function<int()>& fn) {
+  const pid_t child = ::fork();
+  if (child == 0) _exit(fn());
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(MachineLoad, BusyProcessesShowAsRunnable) {
+  ASSERT_GE(transport::shm::runnableThreads(), 1u) << "the reader itself runs";
+  std::vector<pid_t> busy;
+  for (int i = 0; i < 3; ++i) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < end) {
+      }
+      _exit(0);
+    }
+    busy.push_back(child);
+  }
+  unsigned most = 0;
+  for (int sample = 0; sample < 50 && most < 4; ++sample) {
+    most = std::max(most, transport::shm::runnableThreads());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t child : busy) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  }
+  EXPECT_GE(most, 4u) << "3 busy processes and the reader";
+}
+
+TEST(MachineLoad, AllowedCoresFollowTheAffinityMask) {
+  EXPECT_EQ(transport::shm::allowedCores(), std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(inChild([] {
+              cpu_set_t one;
+              CPU_ZERO(&one);
+              CPU_SET(0, &one);
+              if (sched_setaffinity(0, sizeof(one), &one) != 0) return 99;
+              return static_cast<int>(transport::shm::allowedCores());
+            }),
+            1);
+}
+
+TEST(MachineLoad, ACgroupV1QuotaIsReadInCores) {
+  const std::string group = "/sys/fs/cgroup/cpu/railshard_wait_test_" + std::to_string(::getpid());
+  std::error_code error;
+  if (!std::filesystem::create_directory(group, error)) {
+    GTEST_SKIP() << "no writable cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu (" << error.message()
+                 << ")";
+  }
+  std::ofstream(group + "/cpu.cfs_period_us") << 100000;
+  std::ofstream(group + "/cpu.cfs_quota_us") << 25000;
+  const int quarters = inChild([&] {
+    std::ofstream(group + "/tasks") << ::getpid() << std::flush;
+    return static_cast<int>(transport::shm::cpuQuotaCores() * 100 + 0.5);
+  });
+  const int outside = static_cast<int>(transport::shm::cpuQuotaCores() * 100 + 0.5);
+  std::filesystem::remove(group, error);
+  EXPECT_EQ(quarters, 25) << "0.25 cores inside the group";
+  EXPECT_EQ(outside, 0) << "no quota outside it";
+}
+
+TEST(WaitModes, EveryModeAllreducesExactly) {
+  for (WaitMode mode : {WaitMode::kAuto, WaitMode::kSpin, WaitMode::kSleep}) {
+    SCOPED_TRACE(std::string(name(mode)));
+    MemoryStore store;
+    test::rethrowFirst(test::runRanks(3, [&](int rank) {
+      Communicator::Options options;
+      options.rank = rank;
+      options.size = 3;
+      options.config.transport = TransportKind::kShm;
+      options.config.wait = mode;
+      auto comm = Communicator::create(store, options);
+      for (int i = 0; i < 200; ++i) {
+        std::vector<int64_t> data(1 + i % 17, rank + i);
+        comm->allreduce(data.data(), data.size(), DataType::kInt64, ReduceOp::kSum);
+        for (int64_t v : data) {
+          if (v != 3 * i + 3) throw std::runtime_error("wrong sum " + std::to_string(v));
+        }
+      }
+    }));
+  }
+}
+
+}  // namespace
+}  // namespace railshard
