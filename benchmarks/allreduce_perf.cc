@@ -209,7 +209,8 @@ int run(int argc, char** argv) {
         efficiency_known ? "     (%)" : "");
   }
 
-  PerfBuffers buffers(std::max<size_t>(options.max_bytes, element), options.memory, comm->stream());
+  PerfBuffers buffers(std::max<size_t>(options.max_bytes, element), options.memory, comm->stream(),
+                      options.shared_buffers);
   const std::vector<size_t> sweep = sweepSizes(options);
   const bool progress_on = options.progress == PerfOptions::Progress::kAuto
                                ? stderrIsTerminal()

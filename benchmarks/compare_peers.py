@@ -44,7 +44,14 @@ import textwrap
 import time
 from pathlib import Path
 
-BACKENDS = ("railshard", "mpi", "gloo")
+BACKENDS = ("railshard", "mpi", "gloo", "railshard-staged", "railshard-shared")
+DEFAULT_BACKENDS = ("railshard", "mpi", "gloo")
+# railshard run another way, for old-vs-new in one run (issue #26): extra environment and
+# allreduce_perf options.
+VARIANTS = {
+    "railshard-staged": ({"RAILSHARD_SHM_SINGLE_COPY": "0"}, []),  # every byte via the slots
+    "railshard-shared": ({}, ["--shared-buffers", "1"]),  # buffers the peers map once
+}
 COLUMNS = ("time_us", "algbw", "busbw", "wrong")
 
 
@@ -139,7 +146,8 @@ def run_bounded(argv, timeout, env):
 
 
 def command_for(backend, np_, args, perf_args):
-    perf = [str(args.perf), "--backend", backend] + perf_args
+    extra = VARIANTS.get(backend, ({}, []))[1]
+    perf = [str(args.perf), "--backend", backend.split("-")[0]] + perf_args + extra
     if backend == "gloo":
         perf += ["--gloo-algo", args.gloo_algo]
     if backend == "mpi":
@@ -373,7 +381,9 @@ def main():
                    help="build directory with benchmarks/allreduce_perf and "
                         "launcher/tools/railshard-launch (default: build)")
     p.add_argument("--out", type=Path, help="output directory (default: BUILD/compare)")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list (default: all)")
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
+                   help="comma list (default: %(default)s; also " +
+                   ", ".join(VARIANTS) + ")")
     p.add_argument("--np", default="2,4", help="world sizes, comma list (default: 2,4)")
     p.add_argument("-b", "--min-bytes", default="8")
     p.add_argument("-e", "--max-bytes", default="256M")
@@ -411,7 +421,7 @@ def main():
             sys.exit(f"compare_peers: {tool} is missing or not executable; build it first "
                      f"(cmake --build {args.build} --target allreduce_perf railshard-launch)")
     built = built_backends(args.perf)
-    missing = [b for b in backends if b not in built]
+    missing = [b for b in backends if b.split("-")[0] not in built]
     if "mpi" in backends and "mpi" not in missing and not shutil.which(args.mpirun):
         missing.append("mpi")
         print(f"compare_peers: mpirun '{args.mpirun}' not found", file=sys.stderr)
@@ -455,7 +465,8 @@ def main():
                     argv = command_for(backend, np_, args, perf_args)
                     load = load_average()
                     loads.append(load)
-                    rc, out, err, secs = run_bounded(argv, min(args.timeout, left), env)
+                    run_env = dict(env, **VARIANTS.get(backend, ({}, []))[0])
+                    rc, out, err, secs = run_bounded(argv, min(args.timeout, left), run_env)
                     done += 1
                     rows, using, footer_ok = parse_table(out)
                     if using:

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
+#include "core/communicator.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/half.h"
 
@@ -109,8 +112,28 @@ size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op,
   return wrong;
 }
 
-PerfBuffers::PerfBuffers(size_t bytes, MemoryKind memory, void* stream)
-    : stream_(stream), host_send_(bytes), host_recv_(bytes) {
+PerfBuffers::PerfBuffers(size_t bytes, MemoryKind memory, void* stream, bool shared)
+    : stream_(stream), shared_(shared) {
+  if (shared_) {
+    host_send_ = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(bytes));
+    try {
+      host_recv_ = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(bytes));
+    } catch (...) {
+      Communicator::freeSharedBuffer(host_send_);
+      throw;
+    }
+  } else {
+    // Page-aligned, as PyTorch's CPU tensors (64 bytes) and shared buffers are: a heap block
+    // 16 bytes past a page start would time unaligned vector loads, which users do not see.
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    host_send_ = static_cast<uint8_t*>(std::aligned_alloc(4096, rounded));
+    host_recv_ = static_cast<uint8_t*>(std::aligned_alloc(4096, rounded));
+    if (host_send_ == nullptr || host_recv_ == nullptr) {
+      std::free(host_send_);
+      std::free(host_recv_);
+      throw std::bad_alloc();
+    }
+  }
   if (memory != MemoryKind::kDevice) return;
   device_send_ = kernels::cuda::allocateDevice(bytes);
   try {
@@ -122,6 +145,13 @@ PerfBuffers::PerfBuffers(size_t bytes, MemoryKind memory, void* stream)
 }
 
 PerfBuffers::~PerfBuffers() {
+  if (shared_) {
+    Communicator::freeSharedBuffer(host_recv_);
+    Communicator::freeSharedBuffer(host_send_);
+  } else {
+    std::free(host_recv_);
+    std::free(host_send_);
+  }
   if (device_send_ == nullptr) return;
   try {
     kernels::cuda::synchronizeStream(stream_);  // nothing may still write them
@@ -134,12 +164,12 @@ PerfBuffers::~PerfBuffers() {
 
 void PerfBuffers::fill(size_t count, DataType dtype, ReduceOp op, int rank, bool in_place) {
   const size_t bytes = count * sizeOf(dtype);
-  std::vector<uint8_t>& host = in_place ? host_recv_ : host_send_;
-  fillInput(host.data(), count, dtype, op, rank);
-  if (!in_place) std::memset(host_recv_.data(), 0, bytes);
+  uint8_t* host = in_place ? host_recv_ : host_send_;
+  fillInput(host, count, dtype, op, rank);
+  if (!in_place) std::memset(host_recv_, 0, bytes);
   if (device_send_ == nullptr) return;
   void* device = in_place ? device_recv_ : device_send_;
-  kernels::cuda::copyAsync(device, host.data(), bytes, stream_);
+  kernels::cuda::copyAsync(device, host, bytes, stream_);
   if (!in_place) kernels::cuda::memsetAsync(device_recv_, 0, bytes, stream_);
   // The host buffers are reused for the check; the data must be on the device first.
   kernels::cuda::synchronizeStream(stream_);
@@ -147,10 +177,10 @@ void PerfBuffers::fill(size_t count, DataType dtype, ReduceOp op, int rank, bool
 
 size_t PerfBuffers::wrong(size_t count, DataType dtype, ReduceOp op, int size) {
   if (device_recv_ != nullptr) {
-    kernels::cuda::copyAsync(host_recv_.data(), device_recv_, count * sizeOf(dtype), stream_);
+    kernels::cuda::copyAsync(host_recv_, device_recv_, count * sizeOf(dtype), stream_);
     kernels::cuda::synchronizeStream(stream_);
   }
-  return countWrong(host_recv_.data(), count, dtype, op, size);
+  return countWrong(host_recv_, count, dtype, op, size);
 }
 
 }  // namespace railshard::bench

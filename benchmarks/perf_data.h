@@ -21,14 +21,15 @@ size_t countWrong(const void* result, size_t count, DataType dtype, ReduceOp op,
 // backend's) outside the timed loop.
 class PerfBuffers {
  public:
-  PerfBuffers(size_t bytes, MemoryKind memory, void* stream);
+  // `shared`: host buffers from Communicator::allocateSharedBuffer.
+  PerfBuffers(size_t bytes, MemoryKind memory, void* stream, bool shared = false);
   ~PerfBuffers();
   PerfBuffers(const PerfBuffers&) = delete;
   PerfBuffers& operator=(const PerfBuffers&) = delete;
 
   // What the collective reads and writes.
-  void* send() { return device_send_ != nullptr ? device_send_ : host_send_.data(); }
-  void* recv() { return device_recv_ != nullptr ? device_recv_ : host_recv_.data(); }
+  void* send() { return device_send_ != nullptr ? device_send_ : host_send_; }
+  void* recv() { return device_recv_ != nullptr ? device_recv_ : host_recv_; }
 
   // In place: recv() gets rank's input. Out of place: send() gets it and recv() is zeroed.
   void fill(size_t count, DataType dtype, ReduceOp op, int rank, bool in_place);
@@ -37,8 +38,9 @@ class PerfBuffers {
 
  private:
   void* stream_;
-  std::vector<uint8_t> host_send_;
-  std::vector<uint8_t> host_recv_;
+  bool shared_ = false;
+  uint8_t* host_send_ = nullptr;
+  uint8_t* host_recv_ = nullptr;
   void* device_send_ = nullptr;
   void* device_recv_ = nullptr;
 };

@@ -85,6 +85,8 @@ std::string perfUsage() {
          "                         checks, time taken after synchronizing the stream. -d cuda and\n"
          "                         -d host mean the same (no datatype has those names; any other\n"
          "                         -d value is the datatype, as in nccl-tests)\n"
+         "  --shared-buffers 0|1   1: host buffers from Communicator::allocateSharedBuffer, which\n"
+         "                         the other ranks of a host map once (default 0)\n"
          "  -o, --op OP            sum, prod, min, max, avg (default sum)\n"
          "  -a, --average 0..3     report rank 0's (0), mean (1), min (2) or max (3) time\n"
          "  --backend NAME         railshard (default), mpi, gloo or nccl: the library that runs\n"
@@ -147,6 +149,8 @@ PerfOptions parsePerfOptions(int argc, char** argv) {
         throw InvalidArgument(key + ": expected host or cuda, got '" + value + "'");
       }
       options.memory_given = true;
+    } else if (key == "--shared-buffers") {
+      options.shared_buffers = parseInt(key, value, 0, 1) == 1;
     } else if (key == "-d" && parseMemory(value, options.memory)) {
       options.memory_given = true;  // nccl-tests' -d is the datatype; host/cuda name none
     } else if (key == "-d" || key == "--datatype") {

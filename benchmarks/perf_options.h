@@ -26,7 +26,10 @@ struct PerfOptions {
   // GPU, filled and checked through host copies, timed after the stream is synchronized.
   // --backend nccl implies kDevice.
   MemoryKind memory = MemoryKind::kHost;
-  bool memory_given = false;       // --device (or -d host|cuda) was on the command line
+  bool memory_given = false;  // --device (or -d host|cuda) was on the command line
+  // --shared-buffers 1: host buffers from Communicator::allocateSharedBuffer (peers on the
+  // host map them once and read them with plain loads; docs/benchmarks.md).
+  bool shared_buffers = false;
   std::string gloo_algo = "auto";  // --gloo-algo: ring, hd or auto
   std::string json_path;           // -J: rank 0 writes the results there as JSON
   double link_gbps = 0;            // --link-gbps: efficiency's limit; 0 = the topology's

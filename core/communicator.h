@@ -272,6 +272,14 @@ class Communicator {
   const topology::Topology* topology() const { return topology_.get(); }
 
   // Keeps `resource` alive as long as this communicator (e.g. the store server rank 0 hosts).
+  // Host memory the other ranks of this host can map (a memfd region, zeroed). A one-host
+  // all-reduce from RAILSHARD_SHM_SINGLE_COPY bytes whose buffers come from here reads them
+  // with plain loads, where other buffers are read with process_vm_readv, which pins their
+  // pages every time (docs/benchmarks.md). Register once, reuse: as NCCL's user buffers.
+  // Error naming errno when the memory cannot be had; freeSharedBuffer: InvalidArgument for
+  // anything allocateSharedBuffer did not return.
+  static void* allocateSharedBuffer(size_t bytes);
+  static void freeSharedBuffer(void* buffer);
   void keepAlive(std::shared_ptr<void> resource) { resources_.push_back(std::move(resource)); }
 
  private:

@@ -5,8 +5,13 @@
 // off; the trace's "shm_single_copy" phases prove which path ran (one per all-reduce at or
 // above the threshold, none below it or when off).
 //
+// Buffers from Communicator::allocateSharedBuffer (transport/shm/shared_buffers.h): the region
+// registry's lookups and errors, a mapping that shows the owner's writes, and the mapped path
+// ("shm_single_copy_mapped" phases) exact for every dtype x op.
+//
 // Between processes (tests/programs/collective_check started by hand): the peers' buffers
-// really are in other processes; exact on the single copy, with it off
+// really are in other processes; exact on the single copy (read across, and mapped from
+// shared buffers), with it off
 // (RAILSHARD_SHM_SINGLE_COPY=0) and with cross-memory reads refused (RAILSHARD_P2P_SHM=0, what
 // a ptrace_scope or container policy does); a peer killed mid-run is a PeerLostError naming it
 // on every survivor.
@@ -29,6 +34,7 @@
 #include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
+#include "transport/shm/shared_buffers.h"
 
 namespace railshard {
 namespace {
@@ -44,13 +50,13 @@ std::string readAll(const std::string& path) {
   return text.str();
 }
 
-// Phases named "shm_single_copy" in a rank's trace file.
-size_t singleCopyPhases(const std::string& path) {
+// Phases named `name` in a rank's trace file.
+size_t singleCopyPhases(const std::string& path, const std::string& name = "shm_single_copy") {
   size_t found = 0;
   const json file = json::parse(readAll(path));  // kept: a range-for over a member of a
                                                  // temporary would read a destroyed object
   for (const auto& e : file["traceEvents"]) {
-    if (e.value("cat", "") == "phase" && e.value("name", "") == "shm_single_copy") ++found;
+    if (e.value("cat", "") == "phase" && e.value("name", "") == name) ++found;
   }
   return found;
 }
@@ -116,6 +122,112 @@ INSTANTIATE_TEST_SUITE_P(RanksAndThreshold, SingleCopyThreads,
                                   (std::get<1>(info.param) == 0 ? "_off" : "_from4K");
                          });
 
+TEST(SharedBuffers, RegionsAreFoundByAddressAndBadCallsAreRefused) {
+  try {
+    Communicator::allocateSharedBuffer(0);
+    ADD_FAILURE() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("allocateShared: 0 bytes"), std::string::npos) << e.what();
+  }
+  auto* region = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(10000));
+  EXPECT_EQ(region[9999], 0) << "zeroed";
+  const auto whole = transport::shm::findShared(region, 10000);
+  EXPECT_NE(whole.serial, 0u);
+  EXPECT_EQ(whole.offset, 0u);
+  EXPECT_GE(whole.region_bytes, 10000u);
+  const auto inside = transport::shm::findShared(region + 100, 500);
+  EXPECT_EQ(inside.serial, whole.serial);
+  EXPECT_EQ(inside.offset, 100u);
+  EXPECT_EQ(transport::shm::findShared(region + 100, whole.region_bytes).serial, 0u)
+      << "runs past the region's end";
+  std::vector<uint8_t> elsewhere(100);
+  EXPECT_EQ(transport::shm::findShared(elsewhere.data(), 100).serial, 0u);
+  try {
+    Communicator::freeSharedBuffer(region + 8);
+    ADD_FAILURE() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a region allocateShared returned"),
+              std::string::npos)
+        << e.what();
+  }
+  Communicator::freeSharedBuffer(region);
+  EXPECT_EQ(transport::shm::findShared(region, 1).serial, 0u) << "gone once freed";
+}
+
+TEST(SharedBuffers, AMappingShowsTheOwnersWritesAndOutlivesTheRegion) {
+  auto* region = static_cast<uint64_t*>(Communicator::allocateSharedBuffer(1 << 20));
+  const auto ref = transport::shm::findShared(region + 1000, 8 * 1000);
+  const uint8_t* mapped;
+  {
+    transport::shm::PeerMappings mappings;
+    mapped = mappings.map(::getpid(), ref);
+    ASSERT_NE(mapped, nullptr) << "pidfd_getfd of this process refused";
+    region[1000] = 0x1234567890abcdefull;  // written after mapping: the same pages
+    uint64_t seen = 0;
+    std::memcpy(&seen, mapped, sizeof(seen));
+    EXPECT_EQ(seen, 0x1234567890abcdefull);
+    EXPECT_EQ(mappings.map(::getpid(), ref), mapped) << "mapped once, then cached";
+    Communicator::freeSharedBuffer(region);
+    std::memcpy(&seen, mapped, sizeof(seen));  // the mapping keeps the pages
+    EXPECT_EQ(seen, 0x1234567890abcdefull);
+  }
+}
+
+TEST(SingleCopy, SharedBuffersAreReadMappedExactlyForEveryDtypeAndOp) {
+  trace::disableAndClear();
+  const std::string dir = test::tempPath("single_copy_mapped_trace");
+  std::filesystem::remove_all(dir);
+  constexpr int kSize = 3;
+  constexpr size_t kCount = 100003;  // odd segments
+  MemoryStore store;
+  size_t calls = 0;
+  test::rethrowFirst(test::runRanks(kSize, [&](int rank) {
+    Communicator::Options options;
+    options.rank = rank;
+    options.size = kSize;
+    options.config.timeout = std::chrono::seconds(60);
+    options.config.transport = TransportKind::kShm;
+    options.config.algorithm = "shm_rsag";
+    options.config.shm_single_copy_bytes = 4096;
+    options.config.trace_dir = dir;
+    options.config.trace_events = 1 << 20;
+    auto comm = Communicator::create(store, options);
+    const size_t most = kCount * 8;
+    auto* send = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(most));
+    auto* recv = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(most));
+    std::vector<uint8_t> input;
+    size_t made = 0;
+    for (DataType dtype : test::allDataTypes()) {
+      for (ReduceOp op : test::allOps()) {
+        for (bool in_place : {false, true}) {
+          test::fillInput(input, rank, kCount, dtype, op);
+          std::memcpy(send, input.data(), input.size());
+          comm->allreduce(send, in_place ? send : recv, kCount, dtype, op);
+          const std::string wrong =
+              test::firstDifferences(in_place ? send : recv, kCount, kSize, dtype, op);
+          if (!wrong.empty()) {
+            throw std::runtime_error(std::string(name(dtype)) + " " + std::string(name(op)) +
+                                     (in_place ? " in place:" : ":") + wrong);
+          }
+          ++made;
+        }
+      }
+    }
+    Communicator::freeSharedBuffer(recv);
+    Communicator::freeSharedBuffer(send);
+    if (rank == 0) calls = made;
+  }));
+  trace::flush();
+  ASSERT_GT(calls, 0u);
+  for (int rank = 0; rank < kSize; ++rank) {
+    EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank), "shm_single_copy_mapped"), calls)
+        << "rank " << rank;
+    EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank)), 0u) << "rank " << rank;
+  }
+  trace::disableAndClear();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SingleCopy, PartlyOverlappingBuffersAreRefusedOnEveryRank) {
   MemoryStore store;
   auto errors = test::runRanks(2, [&](int rank) {
@@ -145,40 +257,46 @@ TEST(SingleCopy, PartlyOverlappingBuffersAreRefusedOnEveryRank) {
 TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
   struct Setting {
     std::string variable, value;
-    bool single_copy;
+    bool shared;       // collective_check --shared 1
+    const char* path;  // trace phases expected, one per all-reduce; nullptr: none
   };
   const std::vector<Setting> settings = {
-      {"RAILSHARD_SHM_SINGLE_COPY", "1M", true},
-      {"RAILSHARD_SHM_SINGLE_COPY", "0", false},
-      {"RAILSHARD_P2P_SHM", "0", false},
+      {"RAILSHARD_SHM_SINGLE_COPY", "1M", false, "shm_single_copy"},
+      {"RAILSHARD_SHM_SINGLE_COPY", "1M", true, "shm_single_copy_mapped"},
+      {"RAILSHARD_SHM_SINGLE_COPY", "0", true, nullptr},
+      {"RAILSHARD_P2P_SHM", "0", false, nullptr},
   };
   for (const auto& setting : settings) {
-    SCOPED_TRACE(setting.variable + "=" + setting.value);
+    SCOPED_TRACE(setting.variable + "=" + setting.value + (setting.shared ? " --shared 1" : ""));
     const std::string dir = test::tempPath("single_copy_processes");
     std::filesystem::remove_all(dir);
     // 3 processes, 300,000 int64 (2.4 MB: past the 1 MiB threshold).
-    auto results =
-        test::runRanksByHand(kCheck, 3, {"--iterations", "6", "--count", "300000"},
-                             {{setting.variable, setting.value}, {"RAILSHARD_TRACE", dir}},
-                             std::chrono::seconds(120), "single-copy");
+    auto results = test::runRanksByHand(
+        kCheck, 3,
+        {"--iterations", "6", "--count", "300000", "--shared", setting.shared ? "1" : "0"},
+        {{setting.variable, setting.value}, {"RAILSHARD_TRACE", dir}}, std::chrono::seconds(120),
+        "single-copy");
     for (int rank = 0; rank < 3; ++rank) {
       const auto& r = results[static_cast<size_t>(rank)];
       ASSERT_EQ(r.exit_code, 0) << "rank " << rank << ": " << r.out << r.err;
       EXPECT_NE(r.out.find("ok after 6 allreduces over shm"), std::string::npos) << r.out;
-      EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank)), setting.single_copy ? 6u : 0u)
-          << "rank " << rank;
+      for (const char* phase : {"shm_single_copy", "shm_single_copy_mapped"}) {
+        const bool expected = setting.path != nullptr && std::string(setting.path) == phase;
+        EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank), phase), expected ? 6u : 0u)
+            << "rank " << rank << " " << phase;
+      }
     }
     std::filesystem::remove_all(dir);
   }
 }
 
-TEST(SingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
-  // 2,000,000 int64 (16 MB) per all-reduce: the kill lands in a single-copy read or wait.
-  auto results = test::runRanksByHand(kCheck, 3,
-                                      {"--iterations", "200", "--count", "2000000", "--die-rank",
-                                       "1", "--die-after", "3", "--die-how", "kill"},
-                                      {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(90),
-                                      "single-copy-kill");
+// 2,000,000 int64 (16 MB) per all-reduce: the kill lands in a single-copy read or wait.
+void killOneOfThree(const std::string& shared) {
+  auto results = test::runRanksByHand(
+      kCheck, 3,
+      {"--iterations", "200", "--count", "2000000", "--die-rank", "1", "--die-after", "3",
+       "--die-how", "kill", "--shared", shared},
+      {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(90), "single-copy-kill");
   EXPECT_EQ(results[1].signal, SIGKILL) << results[1].err;
   for (int rank : {0, 2}) {
     const auto& r = results[static_cast<size_t>(rank)];
@@ -186,6 +304,13 @@ TEST(SingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
     EXPECT_NE(r.exit_code, 0) << "rank " << rank << ": " << r.out << r.err;
     EXPECT_NE(r.err.find("PeerLostError"), std::string::npos) << "rank " << rank << ": " << r.err;
     EXPECT_NE(r.err.find("rank 1"), std::string::npos) << "rank " << rank << ": " << r.err;
+  }
+}
+
+TEST(SingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
+  for (const char* shared : {"0", "1"}) {
+    SCOPED_TRACE(std::string("--shared ") + shared);
+    killOneOfThree(shared);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
 #include "transport/shm/machine_load.h"
+#include "transport/shm/shared_buffers.h"
 
 namespace railshard::collectives {
 
@@ -77,6 +78,7 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int ra
       wait_mode_(wait),
       spin_time_(spin) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
+  peer_mappings_ = std::make_unique<transport::shm::PeerMappings>();
   machine_.cores = transport::shm::allowedCores();
   machine_.quota_cores = transport::shm::cpuQuotaCores();
   machine_.local_ranks = static_cast<unsigned>(size_);

@@ -14,6 +14,10 @@
 #include "transport/shm/shm_segment.h"
 #include "transport/shm/wait_policy.h"
 
+namespace railshard::transport::shm {
+class PeerMappings;
+}
+
 namespace railshard::collectives {
 
 // Collectives for ranks that share a host, through one shared-memory segment
@@ -125,6 +129,8 @@ class ShmEngine {
   transport::shm::WaitPlan wait_plan_;
   Clock::time_point next_replan_{};
   size_t single_copy_bytes_ = 0;
+  // The peers' shared regions this rank mapped (shm_single_copy.cc).
+  std::unique_ptr<transport::shm::PeerMappings> peer_mappings_;
   std::function<void()> health_check_;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };

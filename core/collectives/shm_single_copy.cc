@@ -1,10 +1,15 @@
-// Single-copy all-reduce between the ranks of one host (issue #26): instead of copying every input
-// into the segment, reducing from the slots and copying every result out (each byte through memory
-// three times), each rank reads the peers' parts of *their* buffers with cross-memory attach
-// (process_vm_readv) into a cache-sized piece and reduces it with its own into its recv
-// segment, then reads the other ranks' reduced segments straight out of their recv buffers.
-// Three hand-offs per collective: the buffers' addresses, "my segment is reduced", and "done
-// reading yours" (a rank's buffers must stay as they are until every peer has read them).
+// Single-copy all-reduce between the ranks of one host (issue #26): instead of copying every
+// input into the segment, reducing from the slots and copying every result out (each byte
+// through memory three times), each rank reduces its segment straight from the peers' own
+// buffers into its recv buffer, then copies the other ranks' reduced segments straight out of
+// their recv buffers. Three hand-offs per collective: where the buffers are, "my segment is
+// reduced", and "done reading yours" (a rank's buffers must stay as they are until every peer
+// has read them).
+//
+// A peer's buffer is read one of two ways, chosen per pair (reading is one-sided, so the pair
+// need not agree): mapped, when the peer's buffer lies in a region from allocateShared and
+// this rank could map it (then plain loads: the reduction reads the peer's memory directly);
+// else with cross-memory attach (process_vm_readv) into a cache-sized piece here.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +20,7 @@
 #include "core/collectives/shm_engine.h"
 #include "kernels/copy.h"
 #include "transport/shm/cross_memory.h"
+#include "transport/shm/shared_buffers.h"
 
 namespace railshard::collectives {
 
@@ -25,39 +31,55 @@ namespace {
 // peer's pages) is amortised.
 constexpr size_t kPieceBytes = size_t{256} << 10;
 
+// What a rank publishes in its in-slot for step 1: its buffers, by address (for
+// process_vm_readv) and, when they lie in shared regions, by region.
+struct BufferPlaces {
+  uint64_t send;
+  uint64_t recv;
+  transport::shm::SharedRef send_ref;
+  transport::shm::SharedRef recv_ref;
+};
+
 }  // namespace
 
 void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype,
                                     ReduceOp op, const transport::MessageTag& tag) {
-  const trace::Span phase(trace::Category::kPhase, "shm_single_copy", tag.sequence);
+  trace::Span phase(trace::Category::kPhase, "shm_single_copy", tag.sequence);
   const size_t element = sizeOf(dtype);
   const size_t n = static_cast<size_t>(size_);
   const size_t me = static_cast<size_t>(rank_);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
+  const size_t bytes = count * element;
   auto segmentBegin = [&](size_t r) { return count * r / n; };
-  // 1. Addresses: this rank's send and recv buffers, inline in its step box.
+  // 1. Where this rank's buffers are, in its in-slot of this step (unused otherwise).
   beginStep(tag);
-  auto& box = segment_->control(rank_).box[step_ & 1u];
-  const uint64_t mine[2] = {reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv)};
-  std::memcpy(box.inline_data, mine, sizeof(mine));
+  BufferPlaces mine{reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
+                    transport::shm::findShared(send, bytes),
+                    transport::shm::findShared(recv, bytes)};
+  std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
   publishPosted();
-  std::vector<uint64_t> their_send(n), their_recv(n);
+  std::vector<BufferPlaces> theirs(n);
   std::vector<int> pid(n);
+  // Mapped addresses of the peers' buffers; nullptr: read with process_vm_readv.
+  std::vector<const uint8_t*> their_send(n, nullptr), their_recv(n, nullptr);
   for (size_t r = 0; r < n; ++r) {
     waitPosted(static_cast<int>(r));
-    uint64_t addresses[2];
-    std::memcpy(addresses, segment_->control(static_cast<int>(r)).box[step_ & 1u].inline_data,
-                sizeof(addresses));
-    their_send[r] = addresses[0];
-    their_recv[r] = addresses[1];
+    std::memcpy(&theirs[r], segment_->inSlot(static_cast<int>(r), step_), sizeof(BufferPlaces));
     pid[r] = segment_->control(static_cast<int>(r)).pid.load();
+    if (r != me) {
+      their_send[r] = peer_mappings_->map(pid[r], theirs[r].send_ref);
+      their_recv[r] = peer_mappings_->map(pid[r], theirs[r].recv_ref);
+    }
+  }
+  if (phase.active() && n > 1 && std::count(their_send.begin(), their_send.end(), nullptr) == 1 &&
+      std::count(their_recv.begin(), their_recv.end(), nullptr) == 1) {
+    phase.event().name = "shm_single_copy_mapped";  // every peer's buffers by plain loads
   }
   try {
-    // 2. Reduce-scatter: segment `me` of every peer's send buffer, read piece by piece into
-    // this rank's scratch (one slot per peer: the in-slots of this step are not used
-    // otherwise), reduced with its own into its recv buffer. In place (send == recv) this
-    // writes only segment `me`, which no peer reads before step 3.
+    // 2. Reduce-scatter: segment `me` of every peer's send buffer (mapped, or read piece by
+    // piece into scratch), reduced with this rank's own into its recv buffer. In place
+    // (send == recv) this writes only segment `me`, which no peer reads before step 3.
     const size_t begin = segmentBegin(me);
     const size_t length = segmentBegin(me + 1) - begin;
     const size_t piece =
@@ -77,12 +99,14 @@ void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
           } else {
             sources[r] = in + offset;
           }
-          continue;
+        } else if (their_send[r] != nullptr) {
+          sources[r] = their_send[r] + offset;
+        } else {
+          scratch[r].resize(take * element);
+          transport::shm::readFromProcess(pid[r], theirs[r].send + offset, scratch[r].data(),
+                                          take * element);
+          sources[r] = scratch[r].data();
         }
-        scratch[r].resize(take * element);
-        transport::shm::readFromProcess(pid[r], their_send[r] + offset, scratch[r].data(),
-                                        take * element);
-        sources[r] = scratch[r].data();
       }
       reduceAll(out + offset, sources.data(), take, dtype, op);
     }
@@ -94,11 +118,13 @@ void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
       if (r == me) continue;
       waitFor(static_cast<int>(r), segment_->control(static_cast<int>(r)).reduced, step_,
               "reduced segment");
-      const size_t from = segmentBegin(r);
-      const size_t bytes = (segmentBegin(r + 1) - from) * element;
-      if (bytes > 0) {
-        transport::shm::readFromProcess(pid[r], their_recv[r] + from * element,
-                                        out + from * element, bytes);
+      const size_t from = segmentBegin(r) * element;
+      const size_t length_bytes = segmentBegin(r + 1) * element - from;
+      if (length_bytes == 0) continue;
+      if (their_recv[r] != nullptr) {
+        kernels::copy(out + from, their_recv[r] + from, length_bytes);
+      } else {
+        transport::shm::readFromProcess(pid[r], theirs[r].recv + from, out + from, length_bytes);
       }
     }
   } catch (const Error& e) {

@@ -5,7 +5,7 @@
 //                    [--die-rank R --die-after K [--die-how exit|kill|stop]]
 //                    [--stop-seconds S] [--stall-rank R --stall-after K --stall-seconds S]
 //                    [--elastic 1 [--grow 1]] [--timeout-ms T] [--linger-seconds S]
-//                    [--pace-ms D]
+//                    [--pace-ms D] [--shared 1]
 //
 // --die-how exit (default) exits with status 3; kill raises SIGKILL on itself; stop raises
 //   SIGSTOP on itself, after forking a child that sends SIGCONT --stop-seconds later.
@@ -19,6 +19,8 @@
 //   restarted rank can join before the others are done.
 // --linger-seconds S: wait S seconds before exiting after success (keeps rank 0's store up
 //   for a rank that comes back late).
+// --shared 1: the all-reduce buffer comes from Communicator::allocateSharedBuffer (the other
+//   ranks of the host map it; without, they read it with process_vm_readv).
 // --rails 1: print the transport's rails to the next rank at the end, one line each:
 //   "rail NAME up=U gbps=G fraction=F bytes=B"
 // Every rank prints "rank R of N ok after I allreduces over T, topology H with K host(s),
@@ -28,10 +30,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +58,7 @@ struct Options {
   double stall_seconds = 0;
   size_t count = 100000;
   bool print_rails = false;
+  bool shared = false;
   bool elastic = false;
   bool grow = false;
   double pace_ms = 0;
@@ -108,6 +113,7 @@ int main(int argc, char** argv) {
     if (key == "--stall-seconds") options.stall_seconds = std::atof(text.c_str());
     if (key == "--count") options.count = static_cast<size_t>(value);
     if (key == "--rails") options.print_rails = value != 0;
+    if (key == "--shared") options.shared = value != 0;
     if (key == "--elastic") options.elastic = value != 0;
     if (key == "--grow") options.grow = value != 0;
     if (key == "--pace-ms") options.pace_ms = value;
@@ -119,7 +125,15 @@ int main(int argc, char** argv) {
   try {
     auto comm = railshard::init();
     const size_t count = options.count;
-    std::vector<int64_t> data(count);
+    std::vector<int64_t> own(options.shared ? 0 : count);
+    const std::unique_ptr<void, void (*)(void*)> shared(
+        options.shared ? railshard::Communicator::allocateSharedBuffer(std::max<size_t>(1, count) *
+                                                                       sizeof(int64_t))
+                       : nullptr,
+        [](void* p) {
+          if (p != nullptr) railshard::Communicator::freeSharedBuffer(p);
+        });
+    int64_t* data = options.shared ? static_cast<int64_t*>(shared.get()) : own.data();
     int it = 0;
     // Rank 0 of a grown group hands the iteration it is at to the joiners.
     const auto takeIteration = [&](const char* how) {
@@ -155,7 +169,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < count; ++i) {
           data[i] = static_cast<int64_t>(i) * (comm->rank() + 1) + it;
         }
-        comm->allreduce(data.data(), count, railshard::DataType::kInt64, railshard::ReduceOp::kSum,
+        comm->allreduce(data, count, railshard::DataType::kInt64, railshard::ReduceOp::kSum,
                         timeout);
       } catch (const railshard::PeerLostError& e) {
         std::fprintf(stderr, "rank %d caught PeerLostError at %lld us\n", rank, wallMicros());
