@@ -107,8 +107,10 @@ class ShmEngine {
   void waitPosted(int peer);  // plus the header check
   void waitAllPosted();
   void reduceAll(void* out, const void* const* sources, size_t count, DataType dtype, ReduceOp op);
-  // shm_single_copy.cc: the all-reduce through the peers' own buffers (cross-memory attach).
-  void singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+  // shm_single_copy.cc: the all-reduce through the peers' own buffers (mapped shared regions
+  // or cross-memory attach). False when the ranks chose the staged path after the first
+  // hand-off (which then starts at the next step).
+  bool singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                            const transport::MessageTag& tag);
   [[noreturn]] void throwAborted();
   void checkPeerAlive(int peer, const char* what);

@@ -10,6 +10,14 @@
 // need not agree): mapped, when the peer's buffer lies in a region from allocateShared and
 // this rank could map it (then plain loads: the reduction reads the peer's memory directly);
 // else with cross-memory attach (process_vm_readv) into a cache-sized piece here.
+//
+// process_vm_readv pins the peer's pages on every call, and it only beat the staged path where
+// each rank has a core and the message is at most tens of MiB (docs/benchmarks.md, "One
+// host: single copy": np=2 at 1-16 MiB 1.25-1.33x the staged path; np=2 at 64-256 MiB and
+// np=4 on 2 cores 0.4-0.95x). So the ranks take the single copy when every rank's buffers
+// are shared regions, or when every rank would read across at this size; else, after the
+// first hand-off, all of them go the staged way (each decides from what all published, so they
+// agree).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +38,8 @@ namespace {
 // while they are reduced, large enough that process_vm_readv's per-call cost (pinning the
 // peer's pages) is amortised.
 constexpr size_t kPieceBytes = size_t{256} << 10;
+// Largest all-reduce read across with process_vm_readv (see above: 16 MiB won, 64 MiB lost).
+constexpr size_t kCrossMemoryMostBytes = size_t{32} << 20;
 
 // What a rank publishes in its in-slot for step 1: its buffers, by address (for
 // process_vm_readv) and, when they lie in shared regions, by region.
@@ -38,13 +48,13 @@ struct BufferPlaces {
   uint64_t recv;
   transport::shm::SharedRef send_ref;
   transport::shm::SharedRef recv_ref;
+  uint64_t reads_across;  // 1: this rank would take the single copy with process_vm_readv
 };
 
 }  // namespace
 
-void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype,
+bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype,
                                     ReduceOp op, const transport::MessageTag& tag) {
-  trace::Span phase(trace::Category::kPhase, "shm_single_copy", tag.sequence);
   const size_t element = sizeOf(dtype);
   const size_t n = static_cast<size_t>(size_);
   const size_t me = static_cast<size_t>(rank_);
@@ -56,7 +66,9 @@ void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   beginStep(tag);
   BufferPlaces mine{reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
                     transport::shm::findShared(send, bytes),
-                    transport::shm::findShared(recv, bytes)};
+                    transport::shm::findShared(recv, bytes),
+                    static_cast<uint64_t>(static_cast<unsigned>(size_) <= machine_.cores &&
+                                          bytes <= kCrossMemoryMostBytes)};
   std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
   publishPosted();
   std::vector<BufferPlaces> theirs(n);
@@ -72,6 +84,14 @@ void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
       their_recv[r] = peer_mappings_->map(pid[r], theirs[r].recv_ref);
     }
   }
+  bool all_shared = true;
+  bool all_read_across = true;
+  for (const BufferPlaces& places : theirs) {
+    all_shared = all_shared && places.send_ref.serial != 0 && places.recv_ref.serial != 0;
+    all_read_across = all_read_across && places.reads_across != 0;
+  }
+  if (!all_shared && !all_read_across) return false;  // the staged path, on every rank
+  trace::Span phase(trace::Category::kPhase, "shm_single_copy", tag.sequence);
   if (phase.active() && n > 1 && std::count(their_send.begin(), their_send.end(), nullptr) == 1 &&
       std::count(their_recv.begin(), their_recv.end(), nullptr) == 1) {
     phase.event().name = "shm_single_copy_mapped";  // every peer's buffers by plain loads
@@ -136,6 +156,7 @@ void ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   beginStep(tag);
   publishPosted();
   waitAllPosted();
+  return true;
 }
 
 }  // namespace railshard::collectives
