@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "core/communicator.h"
 #include "python/csrc/dispatch_bindings.h"
 #include "python/csrc/elastic_group.h"
 #include "python/csrc/named_group.h"
@@ -183,6 +184,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_shutdown_all", &railshard::python::ProcessGroupRailshard::shutdownAll,
         py::call_guard<py::gil_scoped_release>(),
         "Shuts every railshard process group of this process down (registered with atexit).");
+  // railshard.empty_shared's storage: `nbytes` of host memory the other ranks of this host map
+  // once (Communicator::allocateSharedBuffer), freed with the tensor's storage.
+  m.def(
+      "_empty_shared_bytes",
+      [](int64_t nbytes) {
+        if (nbytes <= 0) {
+          throw InvalidArgument("empty_shared: expected a positive size in bytes, got " +
+                                std::to_string(nbytes));
+        }
+        void* memory = Communicator::allocateSharedBuffer(static_cast<size_t>(nbytes));
+        return at::from_blob(
+            memory, {nbytes}, [](void* p) { Communicator::freeSharedBuffer(p); },
+            at::TensorOptions().dtype(at::kByte));
+      },
+      py::arg("nbytes"));
   m.attr("torch_version") = TORCH_VERSION;
   railshard::python::bindDispatcher(m);
   railshard::python::bindElasticGroup(m);

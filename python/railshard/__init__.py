@@ -79,6 +79,7 @@ _register()
 # the C++ runtime are intact; see ProcessGroupRailshard::shutdownAll.
 atexit.register(_C._shutdown_all)
 
+from .shared import empty_shared  # noqa: E402,F401
 from .sampler import ThroughputSampler  # noqa: E402,F401
 from .memory import is_out_of_memory  # noqa: E402,F401
 from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401

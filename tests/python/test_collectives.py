@@ -710,6 +710,26 @@ def _large(ctx):
     assert_same(h, want, f"all_reduce AVG bfloat16[{LARGE}]")
 
 
+def _empty_shared(ctx):
+    """railshard.empty_shared tensors (host memory the other ranks map once): large all_reduces
+    on them take the mapped single copy on one host. Reference: gloo on the same values."""
+    import railshard
+    if ctx.backend != "railshard":
+        pytest.skip("railshard.empty_shared is railshard's")
+    t = railshard.empty_shared(2, 3, dtype=torch.int16)
+    assert t.shape == (2, 3) and t.dtype == torch.int16 and t.is_contiguous(), t
+    assert int(t.abs().sum()) == 0, "zero-filled"
+    for dtype, opname in [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int64, "MAX")]:
+        x = exact_input("shared", ctx.rank, dtype, (LARGE,), opname)
+        want = ref_all_reduce(ctx, x, opname)
+        t = railshard.empty_shared(LARGE, dtype=dtype)
+        t.copy_(x)
+        dist.all_reduce(t, op=getattr(R, opname))
+        assert_same(t, want, f"all_reduce {opname} {dtype} on empty_shared[{LARGE}]")
+    with pytest.raises(railshard.InvalidArgument, match="expected a positive size in bytes"):
+        railshard._C._empty_shared_bytes(0)
+
+
 def _cuda(ctx):
     """CUDA tensors (the backend stages them through host memory); skipped without a GPU.
     The reference is gloo on the same values on the CPU."""
@@ -779,6 +799,7 @@ def misc_cases(world_size):
         ("reduce_gather_scatter", _rooted),
         ("async_ops", _async_ops),
         ("large_4M", _large),
+        ("empty_shared", _empty_shared),
         ("cuda", _cuda),
         ("barrier", _barrier),
     ]
