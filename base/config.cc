@@ -233,11 +233,12 @@ const std::vector<Config::Variable>& Config::variables() {
          c.p2p_shm = parseInteger("RAILSHARD_P2P_SHM", v, 0, 1) == 1;
        }},
       {"RAILSHARD_SHM_SINGLE_COPY", "1M",
-       "One-host all-reduces of at least this many bytes (suffix K, M, G) read the other "
-       "ranks' buffers in place (process_vm_readv) instead of staging every byte through the "
-       "segment: each byte crosses memory once or twice, not three times. Needs cross-memory "
-       "reads between every pair of the host (RAILSHARD_P2P_SHM, checked at start-up); else "
-       "the staged path. 0: always staged.",
+       "One-host all-reduces of at least this many bytes (suffix K, M, G) may read the other "
+       "ranks' buffers in place instead of staging every byte through the segment: buffers "
+       "from allocateSharedBuffer/empty_shared mapped once (always), others with "
+       "process_vm_readv (where every rank has a core, up to 32 MiB). Needs cross-memory "
+       "reads between every pair of the host (RAILSHARD_P2P_SHM); else staged. 0: always "
+       "staged.",
        [](Config& c, const std::string& v) {
          c.shm_single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
        }},
@@ -249,11 +250,11 @@ const std::vector<Config::Variable>& Config::variables() {
          c.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
        }},
       {"RAILSHARD_WAIT", "auto",
-       "How a shared-memory wait passes the time. spin: poll RAILSHARD_SPIN_US (pause, then "
-       "yielding) before sleeping. sleep: sleep in the kernel almost at once (a finishing rank "
-       "wakes exactly the ranks that wait on it). auto: spin while the machine has a core for "
-       "every runnable thread, sleep when it is busier (runnable threads sampled from "
-       "/proc/loadavg every 100 ms) or when the rank's CPU quota (cgroup) is under a core.",
+       "How a shared-memory wait passes the time before it sleeps. spin: poll "
+       "RAILSHARD_SPIN_US (pause, then yielding). sleep: sleep after a 2 us glance. auto: "
+       "when other processes want the cores (runnable threads in /proc/loadavg, looked at "
+       "every 100 ms), poll with pause and never yield (a yielding rank loses its core for a "
+       "slice); under a cgroup CPU quota below one core, sleep after a glance; else spin.",
        [](Config& c, const std::string& v) { c.wait = waitModeFrom(v); }},
       {"RAILSHARD_KERNEL_ISA", "auto",
        "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "
