@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/copy.h"
 #include "kernels/cpu_features.h"
 #include "kernels/reduce.h"
 #include "tests/reference.h"
@@ -131,6 +132,33 @@ INSTANTIATE_TEST_SUITE_P(EveryDtypeAndOp, ReduceKernel, ::testing::ValuesIn(allC
                            return std::string(name(info.param.dtype)) + "_" +
                                   std::string(name(info.param.op));
                          });
+
+// Both copies against a byte loop: every length around the vector widths and the 4 KiB
+// threshold, at destinations and sources off every alignment, with the bytes on either side
+// of the destination untouched.
+TEST(CopyKernel, CopyAndStreamCopyMatchAByteLoopAtEveryOffset) {
+  const std::vector<size_t> lengths = {0,    1,    31,   32,    127,   128,    4095,
+                                       4096, 4097, 4223, 65536, 65567, 1 << 20};
+  std::vector<uint8_t> source((1 << 20) + 128);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (auto copier : {&kernels::copy, &kernels::streamCopy}) {
+    for (size_t length : lengths) {
+      for (size_t dst_off : {0, 1, 17, 32}) {
+        for (size_t src_off : {0, 3, 64}) {
+          std::vector<uint8_t> dst(length + 128, 0xa5);
+          copier(dst.data() + dst_off, source.data() + src_off, length);
+          for (size_t i = 0; i < dst.size(); ++i) {
+            const bool inside = i >= dst_off && i < dst_off + length;
+            const uint8_t want = inside ? source[src_off + i - dst_off] : 0xa5;
+            ASSERT_EQ(dst[i], want)
+                << (copier == &kernels::streamCopy ? "streamCopy" : "copy") << " length " << length
+                << " dst+" << dst_off << " src+" << src_off << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(DivideKernel, DividesOnceAndTruncatesIntegers) {
   std::vector<int32_t> ints = {7, -7, 8, 0};
