@@ -304,8 +304,8 @@ void ShmEngine::allreduceReduceScatterGather(const void* send, void* recv, size_
                                              DataType dtype, ReduceOp op,
                                              const transport::MessageTag& tag) {
   const size_t element = sizeOf(dtype);
-  if (single_copy_bytes_ > 0 && count * element >= single_copy_bytes_ &&
-      everyoneReadsEveryone() && singleCopyAllreduce(send, recv, count, dtype, op, tag)) {
+  if (single_copy_bytes_ > 0 && count * element >= single_copy_bytes_ && everyoneReadsEveryone() &&
+      singleCopyAllreduce(send, recv, count, dtype, op, tag)) {
     return;
   }
   const auto* in = static_cast<const uint8_t*>(send);
