@@ -254,7 +254,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "RAILSHARD_SPIN_US (pause, then yielding). sleep: sleep after a 2 us glance. auto: "
        "when other processes want the cores (runnable threads in /proc/loadavg, looked at "
        "every 100 ms), poll with pause and never yield (a yielding rank loses its core for a "
-       "slice); under a cgroup CPU quota below one core, sleep after a glance; else spin.",
+       "slice); else spin.",
        [](Config& c, const std::string& v) { c.wait = waitModeFrom(v); }},
       {"RAILSHARD_KERNEL_ISA", "auto",
        "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "

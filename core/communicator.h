@@ -271,7 +271,6 @@ class Communicator {
   // The cluster graph this communicator was built with; null when none was given.
   const topology::Topology* topology() const { return topology_.get(); }
 
-  // Keeps `resource` alive as long as this communicator (e.g. the store server rank 0 hosts).
   // Host memory the other ranks of this host can map (a memfd region, zeroed). A one-host
   // all-reduce from RAILSHARD_SHM_SINGLE_COPY bytes whose buffers come from here reads them
   // with plain loads, where other buffers are read with process_vm_readv, which pins their
@@ -280,6 +279,7 @@ class Communicator {
   // anything allocateSharedBuffer did not return.
   static void* allocateSharedBuffer(size_t bytes);
   static void freeSharedBuffer(void* buffer);
+  // Keeps `resource` alive as long as this communicator (e.g. the store server rank 0 hosts).
   void keepAlive(std::shared_ptr<void> resource) { resources_.push_back(std::move(resource)); }
 
  private:

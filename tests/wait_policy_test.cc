@@ -1,7 +1,7 @@
 // How shared-memory waits pass the time (transport/shm/wait_policy.h, machine_load.h):
 // planWait on synthetic machines; the machine's inputs read from the real machine (busy child
-// processes, an affinity mask, a real cgroup v1 quota); every RAILSHARD_WAIT mode exact
-// through a communicator.
+// processes, an affinity mask; a real cgroup v1 quota fitted by init()); every RAILSHARD_WAIT mode
+// exact through a communicator.
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -18,6 +18,7 @@
 
 #include "base/memory_store.h"
 #include "core/communicator.h"
+#include "launcher/cgroup.h"
 #include "tests/test_util.h"
 #include "transport/shm/machine_load.h"
 #include "transport/shm/wait_policy.h"
@@ -32,12 +33,11 @@ using transport::shm::WaitPlan;
 
 const Duration kSpin = microseconds(2000);
 
-MachineState machine(unsigned runnable, unsigned cores, unsigned ranks, double quota = 0) {
+MachineState machine(unsigned runnable, unsigned cores, unsigned ranks) {
   MachineState m;
   m.runnable = runnable;
   m.cores = cores;
   m.local_ranks = ranks;
-  m.quota_cores = quota;
   return m;
 }
 
@@ -70,17 +70,17 @@ TEST(WaitPolicy, MoreRanksThanCoresYieldAtOnce) {
   EXPECT_EQ(crowded.pause, Duration(0));
 }
 
-TEST(WaitPolicy, AQuotaUnderOneCoreSleepsAfterAGlance) {
-  const WaitPlan plan = planWait(WaitMode::kAuto, machine(2, 2, 2, 0.5), kSpin);
-  EXPECT_TRUE(plan.sleeps_early);
-  EXPECT_EQ(plan.poll, microseconds(2));
-  EXPECT_FALSE(planWait(WaitMode::kAuto, machine(2, 2, 2, 1.5), kSpin).sleeps_early);
-  // Never longer than the configured spin (RAILSHARD_SPIN_US=0 sleeps at once).
-  EXPECT_EQ(planWait(WaitMode::kAuto, machine(2, 2, 2, 0.5), Duration(0)).poll, Duration(0));
+TEST(WaitPolicy, AZeroSpinBudgetSleepsAtOnce) {
+  // What init() leaves a rank whose CPU quota is under a core (fitWaitsToQuota, below), and
+  // RAILSHARD_SPIN_US=0: no polling, busy machine or not.
+  for (const MachineState& m : {machine(2, 2, 2), machine(6, 2, 2), machine(4, 2, 4)}) {
+    EXPECT_EQ(planWait(WaitMode::kAuto, m, Duration(0)).poll, Duration(0));
+    EXPECT_EQ(planWait(WaitMode::kSleep, m, Duration(0)).poll, Duration(0));
+  }
 }
 
 TEST(WaitPolicy, SpinAndSleepIgnoreTheMachine) {
-  for (const MachineState& m : {machine(2, 2, 2), machine(9, 2, 2), machine(2, 2, 2, 0.2)}) {
+  for (const MachineState& m : {machine(2, 2, 2), machine(9, 2, 2), machine(3, 2, 2)}) {
     const WaitPlan spin = planWait(WaitMode::kSpin, m, kSpin);
     EXPECT_EQ(spin.pause, microseconds(20));
     EXPECT_EQ(spin.poll, kSpin);
@@ -138,7 +138,9 @@ TEST(MachineLoad, AllowedCoresFollowTheAffinityMask) {
             1);
 }
 
-TEST(MachineLoad, ACgroupV1QuotaIsReadInCores) {
+// A rank in a real cgroup v1 group with a quota of 0.25 cores: init()'s fitting of the waits
+// (launcher/cgroup.h) reads the quota and makes its waits sleep at once.
+TEST(MachineLoad, AQuotaUnderOneCoreMakesInitsWaitsSleepAtOnce) {
   const std::string group = "/sys/fs/cgroup/cpu/railshard_wait_test_" + std::to_string(::getpid());
   std::error_code error;
   if (!std::filesystem::create_directory(group, error)) {
@@ -149,11 +151,16 @@ TEST(MachineLoad, ACgroupV1QuotaIsReadInCores) {
   std::ofstream(group + "/cpu.cfs_quota_us") << 25000;
   const int quarters = inChild([&] {
     std::ofstream(group + "/tasks") << ::getpid() << std::flush;
-    return static_cast<int>(transport::shm::cpuQuotaCores() * 100 + 0.5);
+    Config config;
+    launcher::cgroup::fitWaitsToQuota(config, false);
+    const int quarters = static_cast<int>(
+        launcher::cgroup::cpuQuotaCores(launcher::cgroup::locate("cpu")) * 100 + 0.5);
+    return config.spin.count() == 0 ? quarters : 100 + quarters;
   });
   std::filesystem::remove(group, error);
   // The group hangs off the hierarchy's root, so no other quota binds inside it.
-  EXPECT_EQ(quarters, 25) << "0.25 cores inside the group";
+  EXPECT_EQ(quarters, 25) << "0.25 cores inside the group, and waits that sleep at once "
+                             "(100 + quarters: they still spin)";
 }
 
 TEST(WaitModes, EveryModeAllreducesExactly) {

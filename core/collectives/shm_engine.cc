@@ -80,24 +80,21 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int ra
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
   peer_mappings_ = std::make_unique<transport::shm::PeerMappings>();
   machine_.cores = transport::shm::allowedCores();
-  machine_.quota_cores = transport::shm::cpuQuotaCores();
   machine_.local_ranks = static_cast<unsigned>(size_);
   replanWait(Clock::now());
 }
 
 void ShmEngine::replanWait(Clock::time_point now) {
-  if (wait_mode_ == WaitMode::kAuto) machine_.runnable = transport::shm::runnableThreads();
   const transport::shm::WaitPlan before = wait_plan_;
+  if (wait_mode_ == WaitMode::kAuto) machine_.runnable = transport::shm::runnableThreads();
   wait_plan_ = transport::shm::planWait(wait_mode_, machine_, spin_time_);
-  if ((wait_plan_.busy != before.busy || wait_plan_.sleeps_early != before.sleeps_early) &&
-      rank_ == 0 && wait_mode_ == WaitMode::kAuto) {
-    RS_LOG_DEBUG("shared memory waits now {}: {} runnable threads, {} cores, quota {} cores",
-                 wait_plan_.sleeps_early ? "sleep early"
-                 : wait_plan_.busy       ? "yield at once"
-                                         : "pause first",
-                 machine_.runnable, machine_.cores, machine_.quota_cores);
+  if (wait_plan_.busy != before.busy && rank_ == 0) {
+    RS_LOG_DEBUG("shared memory waits now {}: {} runnable threads, {} cores",
+                 wait_plan_.busy ? "pause through the budget, never yield" : "pause, then yield",
+                 machine_.runnable, machine_.cores);
   }
-  next_replan_ = now + kReplanPeriod;
+  // Only `auto` depends on the load; the other modes are planned once.
+  next_replan_ = wait_mode_ == WaitMode::kAuto ? now + kReplanPeriod : Clock::time_point::max();
 }
 
 ShmEngine::~ShmEngine() {

@@ -41,7 +41,6 @@ WaitPlan planWait(WaitMode mode, const MachineState& machine, Duration spin) {
     case WaitMode::kAuto:
       break;
   }
-  if (machine.quota_cores > 0 && machine.quota_cores < 1.0) return sleepPlan(spin);
   // Every rank of the host is counted as runnable (a polling rank is), so what is left is
   // someone else's.
   const unsigned others =

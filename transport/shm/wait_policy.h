@@ -9,7 +9,6 @@ namespace railshard::transport::shm {
 struct MachineState {
   unsigned runnable = 0;     // runnable threads on the machine now, this rank's included
   unsigned cores = 1;        // cores this process may run on (affinity)
-  double quota_cores = 0;    // the rank's cgroup CPU quota in cores; 0 = none
   unsigned local_ranks = 1;  // ranks of this host (they share its cores)
 };
 
@@ -18,7 +17,7 @@ struct MachineState {
 struct WaitPlan {
   Duration pause{0};
   Duration poll{0};
-  bool sleeps_early = false;  // the rank's CPU quota is short: polling would spend it
+  bool sleeps_early = false;  // glances, then sleeps (RAILSHARD_WAIT=sleep)
   bool busy = false;          // other processes want the cores: `pause` only, no yield
 };
 
@@ -33,11 +32,10 @@ struct WaitPlan {
 //    with `pause` for the whole spin budget, never yield;
 //  - more ranks than cores, nothing else running: the ranks only compete with each other, and
 //    yielding hands the core straight to the rank waited for (issue #3);
-//  - otherwise `pause` for 20 µs, then yield, then sleep (the behaviour before RAILSHARD_WAIT);
-//  - the rank's CPU quota (cgroup) under one core: every microsecond polled is quota its own
-//    compute then lacks, and a throttled rank stops for the rest of the period, so it sleeps
-//    after a glance.
-// kSpin never looks at the load or the quota; kSleep always glances and sleeps.
+//  - otherwise `pause` for 20 µs, then yield, then sleep (the behaviour before RAILSHARD_WAIT).
+// A CPU quota under one core is not looked at here: init() already sets the spin budget to 0
+// for such a rank (launcher::cgroup::fitWaitsToQuota), and a zero budget sleeps at once.
+// kSpin never looks at the load; kSleep always glances and sleeps.
 WaitPlan planWait(WaitMode mode, const MachineState& machine, Duration spin);
 
 }  // namespace railshard::transport::shm
