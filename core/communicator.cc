@@ -26,7 +26,6 @@
 #include "kernels/reduce.h"
 #include "transport/ibverbs/ibverbs_factory.h"
 #include "transport/shm/host_identity.h"
-#include "transport/shm/shared_buffers.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -202,14 +201,6 @@ void Communicator::checkBuffer(const char* collective, const char* what, const v
     throw InvalidArgument(std::string(collective) + ": " + what + " buffer is null with count " +
                           std::to_string(count));
   }
-}
-
-void* Communicator::allocateSharedBuffer(size_t bytes) {
-  return transport::shm::allocateShared(bytes);
-}
-
-void Communicator::freeSharedBuffer(void* buffer) {
-  transport::shm::releaseShared(buffer);
 }
 
 void Communicator::checkDisjoint(const char* collective, const void* send, size_t send_bytes,

@@ -16,6 +16,7 @@
 #include "core/shm_messages.h"
 #include "core/topology/topology.h"
 #include "transport/shm/host_identity.h"
+#include "transport/shm/shared_buffers.h"
 #include "transport/shm/shm_segment.h"
 
 namespace railshard {
@@ -269,6 +270,16 @@ void Communicator::agreeOnMeasuredLinks(Store& store, const std::string& key_pre
         "reduction {:.1f} GB/s",
         rank_, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps);
   }
+}
+
+// Buffers the host's peers map once and read with plain loads (the single-copy all-reduce's
+// fastest path, shm_single_copy.cc): memfd regions, not tied to this communicator's segment.
+void* Communicator::allocateSharedBuffer(size_t bytes) {
+  return transport::shm::allocateShared(bytes);
+}
+
+void Communicator::freeSharedBuffer(void* buffer) {
+  transport::shm::releaseShared(buffer);
 }
 
 }  // namespace railshard
