@@ -236,11 +236,18 @@ const std::vector<Config::Variable>& Config::variables() {
        "One-host all-reduces of at least this many bytes (suffix K, M, G) may read the other "
        "ranks' buffers in place instead of staging every byte through the segment: buffers "
        "from allocateSharedBuffer/empty_shared mapped once (always), others with "
-       "process_vm_readv (where every rank has a core, up to 32 MiB). Needs cross-memory "
-       "reads between every pair of the host (RAILSHARD_P2P_SHM); else staged. 0: always "
-       "staged.",
+       "process_vm_readv when RAILSHARD_SHM_CROSS_READ=1. Needs cross-memory reads between "
+       "every pair of the host (RAILSHARD_P2P_SHM); else staged. 0: always staged.",
        [](Config& c, const std::string& v) {
          c.shm_single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
+       }},
+      {"RAILSHARD_SHM_CROSS_READ", "0",
+       "1: the single copy (RAILSHARD_SHM_SINGLE_COPY) reads ordinary buffers too, with "
+       "process_vm_readv, where every rank has a core and the message is at most 32 MiB. Off "
+       "by default: it measured 1.2-1.4x the staged path on one CPU and 0.6-0.65x on another "
+       "(docs/benchmarks.md); turn it on where allreduce_perf shows it faster.",
+       [](Config& c, const std::string& v) {
+         c.shm_cross_read = parseInteger("RAILSHARD_SHM_CROSS_READ", v, 0, 1) == 1;
        }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
@@ -535,7 +542,7 @@ std::string Config::describe() const {
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
       << " shm_slot_bytes=" << shm_slot_bytes << " p2p_shm=" << p2p_shm
-      << " shm_single_copy_bytes=" << shm_single_copy_bytes
+      << " shm_single_copy_bytes=" << shm_single_copy_bytes << " shm_cross_read=" << shm_cross_read
       << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
       << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
       << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="

@@ -74,12 +74,13 @@ struct Config {
   size_t shm_slot_bytes = 0;        // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   bool p2p_shm = true;              // RAILSHARD_P2P_SHM: same-host messages through shared memory
   size_t shm_single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
-  std::chrono::microseconds spin{2000};            // poll this long before sleeping in a wait
-  WaitMode wait = WaitMode::kAuto;                 // RAILSHARD_WAIT
-  std::string socket_ifname;  // interface (prefix) whose address peers connect to
-  std::string topo_file;      // RAILSHARD_TOPO_FILE: load the cluster graph from here
-  std::string topo_dump;      // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
-  bool probe = false;         // RAILSHARD_PROBE: measure every rail at start-up
+  bool shm_cross_read = false;  // RAILSHARD_SHM_CROSS_READ: single copy of ordinary buffers too
+  std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
+  WaitMode wait = WaitMode::kAuto;       // RAILSHARD_WAIT
+  std::string socket_ifname;             // interface (prefix) whose address peers connect to
+  std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here
+  std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
+  bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
   std::chrono::milliseconds probe_time{200};          // bulk-transfer time per rail in the probe
   RailWeights rail_weights = RailWeights::kAdaptive;  // RAILSHARD_RAIL_WEIGHTS
   bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails

@@ -44,13 +44,14 @@ import textwrap
 import time
 from pathlib import Path
 
-BACKENDS = ("railshard", "mpi", "gloo", "railshard-staged", "railshard-shared")
+BACKENDS = ("railshard", "mpi", "gloo", "railshard-staged", "railshard-shared", "railshard-cross")
 DEFAULT_BACKENDS = ("railshard", "mpi", "gloo")
 # railshard run another way, for old-vs-new in one run (issue #26): extra environment and
 # allreduce_perf options.
 VARIANTS = {
     "railshard-staged": ({"RAILSHARD_SHM_SINGLE_COPY": "0"}, []),  # every byte via the slots
     "railshard-shared": ({}, ["--shared-buffers", "1"]),  # buffers the peers map once
+    "railshard-cross": ({"RAILSHARD_SHM_CROSS_READ": "1"}, []),  # ordinary ones read across
 }
 COLUMNS = ("time_us", "algbw", "busbw", "wrong")
 

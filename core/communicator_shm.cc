@@ -166,7 +166,7 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
       std::chrono::duration_cast<Duration>(config_.spin), mine, config_.wait);
   measureHost(store, key_prefix, *engine, leader);
   setUpMessages(*engine, local_rank);
-  engine->setSingleCopyBytes(config_.shm_single_copy_bytes);
+  engine->setSingleCopy(config_.shm_single_copy_bytes, config_.shm_cross_read);
   if (config_.shm_single_copy_bytes > 0 && !engine->everyoneReadsEveryone() && local_rank == 0) {
     RS_LOG_INFO(
         "rank {}: large one-host all-reduces take the staged path through shared memory: "

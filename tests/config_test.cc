@@ -102,6 +102,24 @@ TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
   }
 }
 
+TEST(Config, ShmCrossReadIsOffUnlessAskedFor) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_SHM_CROSS_READ", value}};
+    return Config::fromEnvironment(&env).shm_cross_read;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_FALSE(Config::fromEnvironment(&empty).shm_cross_read);
+  EXPECT_TRUE(parse("1"));
+  EXPECT_FALSE(parse("0"));
+  try {
+    parse("yes");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHM_CROSS_READ"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, WaitIsAutoSpinOrSleep) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_WAIT", value}};

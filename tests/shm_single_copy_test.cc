@@ -11,11 +11,11 @@
 // ("shm_single_copy_mapped" phases) exact for every dtype x op.
 //
 // Between processes (tests/programs/collective_check started by hand): the peers' buffers
-// really are in other processes; exact on the single copy (read across, and mapped from
-// shared buffers), with it off
-// (RAILSHARD_SHM_SINGLE_COPY=0) and with cross-memory reads refused (RAILSHARD_P2P_SHM=0, what
-// a ptrace_scope or container policy does); a peer killed mid-run is a PeerLostError naming it
-// on every survivor.
+// really are in other processes; exact on the single copy (read across when asked for with
+// RAILSHARD_SHM_CROSS_READ=1, and mapped from shared buffers), on the staged path that
+// ordinary buffers take by default, with it off (RAILSHARD_SHM_SINGLE_COPY=0) and with
+// cross-memory reads refused (RAILSHARD_P2P_SHM=0, what a ptrace_scope or container policy
+// does); a peer killed mid-run is a PeerLostError naming it on every survivor.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -94,6 +94,7 @@ TEST_P(SingleCopyThreads, EveryDtypeOpInAndOutOfPlaceMatchesTheScalarReference) 
     options.config.algorithm = "shm_rsag";
     options.config.shm_slot_bytes = 64 * 1024;
     options.config.shm_single_copy_bytes = threshold;
+    options.config.shm_cross_read = true;  // ordinary buffers: read across where it may
     options.config.trace_dir = dir_;
     options.config.trace_events = 1 << 20;
     auto comm = Communicator::create(store, options);
@@ -266,26 +267,33 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
     GTEST_SKIP() << "one core: two ranks would not read across (the staged path is theirs)";
   }
   struct Setting {
-    std::string variable, value;
+    std::map<std::string, std::string> env;
     bool shared;       // collective_check --shared 1
     const char* path;  // trace phases expected, one per all-reduce; nullptr: none
   };
   const std::vector<Setting> settings = {
-      {"RAILSHARD_SHM_SINGLE_COPY", "1M", false, "shm_single_copy"},
-      {"RAILSHARD_SHM_SINGLE_COPY", "1M", true, "shm_single_copy_mapped"},
-      {"RAILSHARD_SHM_SINGLE_COPY", "0", true, nullptr},
-      {"RAILSHARD_P2P_SHM", "0", false, nullptr},
+      {{{"RAILSHARD_SHM_SINGLE_COPY", "1M"}, {"RAILSHARD_SHM_CROSS_READ", "1"}},
+       false,
+       "shm_single_copy"},
+      {{}, false, nullptr},  // the default: ordinary buffers staged
+      {{}, true, "shm_single_copy_mapped"},
+      {{{"RAILSHARD_SHM_SINGLE_COPY", "0"}}, true, nullptr},
+      {{{"RAILSHARD_P2P_SHM", "0"}, {"RAILSHARD_SHM_CROSS_READ", "1"}}, false, nullptr},
   };
   for (const auto& setting : settings) {
-    SCOPED_TRACE(setting.variable + "=" + setting.value + (setting.shared ? " --shared 1" : ""));
+    std::string said;
+    for (const auto& [variable, value] : setting.env) said += variable + "=" + value + " ";
+    SCOPED_TRACE(said + (setting.shared ? "--shared 1" : "--shared 0"));
     const std::string dir = test::tempPath("single_copy_processes");
     std::filesystem::remove_all(dir);
-    // 2 processes (a core each: read across), 300,000 int64 (2.4 MB: past the 1 MiB threshold).
+    // 2 processes (a core each: may read across), 300,000 int64 (2.4 MB: past the 1 MiB
+    // threshold).
+    auto env = setting.env;
+    env["RAILSHARD_TRACE"] = dir;
     auto results = test::runRanksByHand(
         kCheck, 2,
-        {"--iterations", "6", "--count", "300000", "--shared", setting.shared ? "1" : "0"},
-        {{setting.variable, setting.value}, {"RAILSHARD_TRACE", dir}}, std::chrono::seconds(120),
-        "single-copy");
+        {"--iterations", "6", "--count", "300000", "--shared", setting.shared ? "1" : "0"}, env,
+        std::chrono::seconds(120), "single-copy");
     for (int rank = 0; rank < 2; ++rank) {
       const auto& r = results[static_cast<size_t>(rank)];
       ASSERT_EQ(r.exit_code, 0) << "rank " << rank << ": " << r.out << r.err;
@@ -303,11 +311,12 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
 // 2,000,000 int64 (16 MB) per all-reduce: the kill of rank 1 lands in a single-copy read or
 // wait (shared 1: mapped, 3 ranks; shared 0: read across, 2 ranks so that each has a core).
 void killOneOf(int ranks, const std::string& shared) {
-  auto results = test::runRanksByHand(
-      kCheck, ranks,
-      {"--iterations", "200", "--count", "2000000", "--die-rank", "1", "--die-after", "3",
-       "--die-how", "kill", "--shared", shared},
-      {{"RAILSHARD_TIMEOUT", "60"}}, std::chrono::seconds(90), "single-copy-kill");
+  auto results =
+      test::runRanksByHand(kCheck, ranks,
+                           {"--iterations", "200", "--count", "2000000", "--die-rank", "1",
+                            "--die-after", "3", "--die-how", "kill", "--shared", shared},
+                           {{"RAILSHARD_TIMEOUT", "60"}, {"RAILSHARD_SHM_CROSS_READ", "1"}},
+                           std::chrono::seconds(90), "single-copy-kill");
   EXPECT_EQ(results[1].signal, SIGKILL) << results[1].err;
   for (int rank = 0; rank < ranks; ++rank) {
     if (rank == 1) continue;

@@ -80,7 +80,12 @@ class ShmEngine {
   int size() const { return size_; }
   // All-reduces of at least this many bytes read the peers' buffers in place when every rank
   // of the segment may read every other's memory (Config::shm_single_copy_bytes; 0 = never).
-  void setSingleCopyBytes(size_t bytes) { single_copy_bytes_ = bytes; }
+  // Ordinary (not shared-region) buffers are read with process_vm_readv only when
+  // `cross_read` (Config::shm_cross_read): it is slower than the staged path on some CPUs.
+  void setSingleCopy(size_t bytes, bool cross_read) {
+    single_copy_bytes_ = bytes;
+    cross_read_ = cross_read;
+  }
   // Every rank of the segment can read every other's memory (RankControl::readable_mask).
   bool everyoneReadsEveryone() const;
   // Deadline of every wait from now on (a per-call override of Config::timeout).
@@ -131,6 +136,7 @@ class ShmEngine {
   transport::shm::WaitPlan wait_plan_;
   Clock::time_point next_replan_{};
   size_t single_copy_bytes_ = 0;
+  bool cross_read_ = false;
   // The peers' shared regions this rank mapped (shm_single_copy.cc).
   std::unique_ptr<transport::shm::PeerMappings> peer_mappings_;
   std::function<void()> health_check_;

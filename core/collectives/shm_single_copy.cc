@@ -12,12 +12,13 @@
 // else with cross-memory attach (process_vm_readv) into a cache-sized piece here.
 //
 // process_vm_readv pins the peer's pages on every call, and it only beat the staged path where
-// each rank has a core and the message is at most tens of MiB (docs/benchmarks.md, "One
-// host: single copy": np=2 at 1-16 MiB 1.25-1.33x the staged path; np=2 at 64-256 MiB and
-// np=4 on 2 cores 0.4-0.95x). So the ranks take the single copy when every rank's buffers
-// are shared regions, or when every rank would read across at this size; else, after the
-// first hand-off, all of them go the staged way (each decides from what all published, so they
-// agree).
+// each rank has a core and the message is at most tens of MiB, and not on every CPU
+// (docs/benchmarks.md, "One host: single copy": on an Intel Xeon np=2 at 4-16 MiB 1.2-1.4x
+// the staged path, 0.8x at 1 MiB, 0.4-0.95x at 64-256 MiB and np=4 on 2 cores; on an AMD
+// EPYC 0.6-0.65x at every size from 1 to 32 MiB). So it is asked for (Config::shm_cross_read),
+// not assumed: the ranks take the single copy when every rank's buffers are shared regions, or
+// when every rank would read across at this size; else, after the first hand-off, all of them
+// go the staged way (each decides from what all published, so they agree).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -69,11 +70,11 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   auto segmentBegin = [&](size_t r) { return count * r / n; };
   // 1. Where this rank's buffers are, in its in-slot of this step (unused otherwise).
   beginStep(tag);
-  BufferPlaces mine{reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
-                    transport::shm::findShared(send, bytes),
-                    transport::shm::findShared(recv, bytes),
-                    static_cast<uint64_t>(static_cast<unsigned>(size_) <= machine_.cores &&
-                                          bytes <= kCrossMemoryMostBytes)};
+  BufferPlaces mine{
+      reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
+      transport::shm::findShared(send, bytes), transport::shm::findShared(recv, bytes),
+      static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= machine_.cores &&
+                            bytes <= kCrossMemoryMostBytes)};
   std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
   publishPosted();
   std::vector<BufferPlaces> theirs(n);

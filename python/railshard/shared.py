@@ -2,7 +2,8 @@
 
 A one-host all-reduce of at least ``RAILSHARD_SHM_SINGLE_COPY`` bytes reads the other ranks'
 buffers directly instead of staging every byte through shared memory. An ordinary tensor is
-read with ``process_vm_readv``, which pins its pages on every call; a tensor from
+staged (or, with ``RAILSHARD_SHM_CROSS_READ=1``, read with ``process_vm_readv``, which pins
+its pages on every call and is slower than staging on some CPUs); a tensor from
 ``empty_shared`` lives in a memory region each peer maps once and then reads with plain loads
 -- as NCCL's user buffer registration does. Allocate long-lived buffers this way (a flat
 gradient buffer whose views are the gradients, a communication bucket) and reuse them; the
