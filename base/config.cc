@@ -257,11 +257,9 @@ const std::vector<Config::Variable>& Config::variables() {
          c.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
        }},
       {"RAILSHARD_WAIT", "auto",
-       "How a shared-memory wait passes the time before it sleeps. spin: poll "
-       "RAILSHARD_SPIN_US (pause, then yielding). sleep: sleep after a 2 us glance. auto: "
-       "when other processes want the cores (runnable threads in /proc/loadavg, looked at "
-       "every 100 ms), poll with pause and never yield (a yielding rank loses its core for a "
-       "slice); else spin.",
+       "How a shared-memory wait passes the time before it sleeps. auto and spin: poll "
+       "RAILSHARD_SPIN_US, 20 us with pause then yielding (yielding from the start with more "
+       "ranks than cores). sleep: sleep after a 2 us glance.",
        [](Config& c, const std::string& v) { c.wait = waitModeFrom(v); }},
       {"RAILSHARD_KERNEL_ISA", "auto",
        "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "

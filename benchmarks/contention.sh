@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A 2-rank job on one host with CPU-bound processes beside it (DataLoader workers, a
-# neighbour's job): railshard with RAILSHARD_WAIT=auto, RAILSHARD_WAIT=spin (the wait before
-# issue #26) and OpenMPI (mpirun, its shared-memory transport), side by side in every round.
-# Each round starts --hogs busy loops (each bounded by `timeout`), runs every contender at
-# 8 B (-n 20000) and 2 MiB (-n 200), then stops the hogs and runs them all once more idle at
-# 8 B. Prints per contender and case the median over rounds of the time per all-reduce
+# neighbour's job): railshard with RAILSHARD_WAIT=auto (the default: pause, then yield),
+# RAILSHARD_WAIT=sleep (glance, then sleep) and OpenMPI (mpirun, its shared-memory transport),
+# side by side in every round. Each round starts --hogs busy loops (each bounded by
+# `timeout`), runs every contender at 8 B (-n 20000), 64 KiB (-n 2000) and 2 MiB (-n 200),
+# then stops the hogs and runs them all once more idle at 8 B. Prints per contender and case the median over rounds of the time per all-reduce
 # (the better of out-of-place and in-place, µs) and the per-round ratio to OpenMPI.
 #
 #   benchmarks/contention.sh BUILD_DIR [--rounds N] [--hogs K] [--logs DIR]
@@ -31,7 +31,7 @@ launch=$build/launcher/tools/railshard-launch
 for tool in "$perf" "$launch"; do
   [ -x "$tool" ] || { echo "contention: no $tool" >&2; exit 2; }
 done
-contenders="auto spin"
+contenders="auto sleep"
 if "$perf" --help 2>&1 | grep -q "mpi"; then contenders="$contenders mpi"; fi
 logs=${logs:-$build/contention.logs}
 mkdir -p "$logs"
@@ -70,6 +70,7 @@ for round in $(seq "$rounds"); do
   sleep 0.5
   for who in $contenders; do
     echo "busy8 $who $(run "$who" busy8 -b 8 -e 8 -n 20000 -w 200)" >>"$logs/results"
+    echo "busy64K $who $(run "$who" busy64K -b 64K -e 64K -n 2000 -w 50)" >>"$logs/results"
     echo "busy2M $who $(run "$who" busy2M -b 2M -e 2M -n 200 -w 10)" >>"$logs/results"
   done
   stopHogs
@@ -83,7 +84,7 @@ done
 python3 - "$logs/results" <<'EOF'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1]) if len(line.split()) == 3]
-cases = ["busy8", "busy2M", "idle8"]
+cases = ["busy8", "busy64K", "busy2M", "idle8"]
 by = {}
 for case, who, t in rows:
     by.setdefault((case, who), []).append(float(t))

@@ -63,8 +63,6 @@ struct BlockPieces {
 
 // How long a peer may stay silent before we look at whether its process still exists.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-// How often waits look at the machine's load again (RAILSHARD_WAIT=auto).
-constexpr auto kReplanPeriod = std::chrono::milliseconds(100);
 
 }  // namespace
 
@@ -74,27 +72,14 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int ra
       rank_(rank),
       size_(size),
       timeout_(timeout),
-      names_(std::move(names)),
-      wait_mode_(wait),
-      spin_time_(spin) {
+      names_(std::move(names)) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
   peer_mappings_ = std::make_unique<transport::shm::PeerMappings>();
-  machine_.cores = transport::shm::allowedCores();
-  machine_.local_ranks = static_cast<unsigned>(size_);
-  replanWait(Clock::now());
-}
-
-void ShmEngine::replanWait(Clock::time_point now) {
-  const transport::shm::WaitPlan before = wait_plan_;
-  if (wait_mode_ == WaitMode::kAuto) machine_.runnable = transport::shm::runnableThreads();
-  wait_plan_ = transport::shm::planWait(wait_mode_, machine_, spin_time_);
-  if (wait_plan_.busy != before.busy && rank_ == 0) {
-    RS_LOG_DEBUG("shared memory waits now {}: {} runnable threads, {} cores",
-                 wait_plan_.busy ? "pause through the budget, never yield" : "pause, then yield",
-                 machine_.runnable, machine_.cores);
-  }
-  // Only `auto` depends on the load; the other modes are planned once.
-  next_replan_ = wait_mode_ == WaitMode::kAuto ? now + kReplanPeriod : Clock::time_point::max();
+  transport::shm::MachineState machine;
+  machine.cores = transport::shm::allowedCores();
+  machine.local_ranks = static_cast<unsigned>(size_);
+  wait_plan_ = transport::shm::planWait(wait, machine, spin);
+  cores_ = machine.cores;
 }
 
 ShmEngine::~ShmEngine() {
@@ -164,7 +149,6 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
   if (span.active()) span.event().peer = peer;
   auto& header = segment_->header();
   const Clock::time_point spin_start = Clock::now();
-  if (spin_start >= next_replan_) replanWait(spin_start);
   // Poll with `pause` while the rank waited for is likely running on another core, then
   // yield the core (it may need ours), then sleep (wait_policy.h says how long each).
   bool yielding = wait_plan_.pause == Duration(0);

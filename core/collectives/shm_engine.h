@@ -127,14 +127,9 @@ class ShmEngine {
   uint32_t step_ = 0;
   transport::MessageTag tag_;  // collective of the current step
   std::vector<int> names_;
-  // How waits poll (transport/shm/wait_policy.h), re-planned from the machine's load every
-  // kReplanPeriod (reading /proc/loadavg costs microseconds; a wait, nanoseconds).
-  void replanWait(Clock::time_point now);
-  WaitMode wait_mode_;
-  Duration spin_time_;
-  transport::shm::MachineState machine_;
+  // How waits poll (transport/shm/wait_policy.h), planned once from the cores.
   transport::shm::WaitPlan wait_plan_;
-  Clock::time_point next_replan_{};
+  unsigned cores_ = 1;  // cores this rank may run on (the single copy reads across within them)
   size_t single_copy_bytes_ = 0;
   bool cross_read_ = false;
   // The peers' shared regions this rank mapped (shm_single_copy.cc).

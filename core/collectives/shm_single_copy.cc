@@ -73,7 +73,7 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   BufferPlaces mine{
       reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
       transport::shm::findShared(send, bytes), transport::shm::findShared(recv, bytes),
-      static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= machine_.cores &&
+      static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= cores_ &&
                             bytes <= kCrossMemoryMostBytes)};
   std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
   publishPosted();

@@ -12,14 +12,11 @@ constexpr auto kPauseTime = std::chrono::microseconds(20);
 // system call.
 constexpr auto kGlance = std::chrono::microseconds(2);
 
-// `busy`: other processes want the cores too; a yield would hand ours to one of them for a
-// whole slice, so the poller keeps it (pause) until the budget is spent.
-WaitPlan spinPlan(const MachineState& machine, Duration spin, bool busy) {
+WaitPlan spinPlan(const MachineState& machine, Duration spin) {
   WaitPlan plan;
   const bool oversubscribed = machine.local_ranks > std::max(1u, machine.cores);
-  plan.pause = oversubscribed ? Duration(0) : busy ? spin : kPauseTime;
+  plan.pause = oversubscribed ? Duration(0) : kPauseTime;
   plan.poll = spin;
-  plan.busy = busy;
   return plan;
 }
 
@@ -33,19 +30,7 @@ WaitPlan sleepPlan(Duration spin) {
 }  // namespace
 
 WaitPlan planWait(WaitMode mode, const MachineState& machine, Duration spin) {
-  switch (mode) {
-    case WaitMode::kSpin:
-      return spinPlan(machine, spin, false);
-    case WaitMode::kSleep:
-      return sleepPlan(spin);
-    case WaitMode::kAuto:
-      break;
-  }
-  // Every rank of the host is counted as runnable (a polling rank is), so what is left is
-  // someone else's.
-  const unsigned others =
-      machine.runnable > machine.local_ranks ? machine.runnable - machine.local_ranks : 0;
-  return spinPlan(machine, spin, others > 0 && machine.local_ranks + others > machine.cores);
+  return mode == WaitMode::kSleep ? sleepPlan(spin) : spinPlan(machine, spin);
 }
 
 }  // namespace railshard::transport::shm

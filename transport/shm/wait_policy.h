@@ -5,9 +5,8 @@
 
 namespace railshard::transport::shm {
 
-// What a shared-memory wait knows about the machine (machine_load.h samples it).
+// What a shared-memory wait knows about the machine (machine_load.h reads it).
 struct MachineState {
-  unsigned runnable = 0;     // runnable threads on the machine now, this rank's included
   unsigned cores = 1;        // cores this process may run on (affinity)
   unsigned local_ranks = 1;  // ranks of this host (they share its cores)
 };
@@ -18,24 +17,23 @@ struct WaitPlan {
   Duration pause{0};
   Duration poll{0};
   bool sleeps_early = false;  // glances, then sleeps (RAILSHARD_WAIT=sleep)
-  bool busy = false;          // other processes want the cores: `pause` only, no yield
 };
 
 // Pure: no I/O, no clock (tests/wait_policy_test.cc drives it with synthetic machines).
 //
-// Measured on 2 vCPUs under Linux 6.18's EEVDF scheduler (docs/benchmarks.md, "Waiting under
-// contention"): with two busy processes beside a 2-rank job, a rank that sleeps on the futex
-// or yields its core loses the core to a busy process for a whole time slice (8 B all-reduce
-// 1.2-1.8 ms instead of 0.5 µs), while one that keeps polling with `pause` holds it until its
-// peer posts. So:
-//  - other processes want the cores (runnable threads beyond ours exceed the cores): poll
-//    with `pause` for the whole spin budget, never yield;
-//  - more ranks than cores, nothing else running: the ranks only compete with each other, and
-//    yielding hands the core straight to the rank waited for (issue #3);
-//  - otherwise `pause` for 20 µs, then yield, then sleep (the behaviour before RAILSHARD_WAIT).
-// A CPU quota under one core is not looked at here: init() already sets the spin budget to 0
+// kAuto and kSpin: `pause` for 20 µs (a peer a few microseconds behind on another core is
+// caught without a system call), then yield the core (the peer may be waiting for it), then
+// sleep when the spin budget is spent; with more ranks than cores, yield from the start (the
+// ranks compete with each other, and yielding hands the core to the rank waited for, issue
+// #3). kSleep glances 2 µs, then sleeps.
+//
+// What was tried and dropped (docs/benchmarks.md, "Waiting under contention"): with other
+// processes busy on the cores, polling with `pause` through the whole budget without ever
+// yielding. It kept 8 B all-reduces fast beside two CPU hogs, but where the peer shared its
+// core with a hog the waiter held its own core for the whole budget each time: 64 KiB-4 MiB
+// all-reduces took 2-19 ms instead of 0.05-1.5 ms in some runs, and so did jobs on a loaded
+// machine. A CPU quota under one core is not looked at here: init() sets the spin budget to 0
 // for such a rank (launcher::cgroup::fitWaitsToQuota), and a zero budget sleeps at once.
-// kSpin never looks at the load; kSleep always glances and sleeps.
 WaitPlan planWait(WaitMode mode, const MachineState& machine, Duration spin);
 
 }  // namespace railshard::transport::shm
