@@ -70,11 +70,11 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   auto segmentBegin = [&](size_t r) { return count * r / n; };
   // 1. Where this rank's buffers are, in its in-slot of this step (unused otherwise).
   beginStep(tag);
-  BufferPlaces mine{
-      reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
-      transport::shm::findShared(send, bytes), transport::shm::findShared(recv, bytes),
-      static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= cores_ &&
-                            bytes <= kCrossMemoryMostBytes)};
+  BufferPlaces mine{reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
+                    transport::shm::findShared(send, bytes),
+                    transport::shm::findShared(recv, bytes),
+                    static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= cores_ &&
+                                          bytes <= kCrossMemoryMostBytes)};
   std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
   publishPosted();
   std::vector<BufferPlaces> theirs(n);
