@@ -31,9 +31,9 @@ struct WaitPlan {
 // processes busy on the cores, polling with `pause` through the whole budget without ever
 // yielding. It kept 8 B all-reduces fast beside two CPU hogs, but where the peer shared its
 // core with a hog the waiter held its own core for the whole budget each time: 64 KiB-4 MiB
-// all-reduces took 2-19 ms instead of 0.05-1.5 ms in some runs, and so did jobs on a loaded
-// machine. A CPU quota under one core is not looked at here: init() sets the spin budget to 0
-// for such a rank (launcher::cgroup::fitWaitsToQuota), and a zero budget sleeps at once.
+// all-reduces took 2-19 ms instead of 0.05-1.5 ms in some runs. A CPU quota under one core is
+// not looked at here: init() sets the spin budget to 0 for such a rank
+// (launcher::cgroup::fitWaitsToQuota), and a zero budget sleeps at once.
 WaitPlan planWait(WaitMode mode, const MachineState& machine, Duration spin);
 
 }  // namespace railshard::transport::shm
