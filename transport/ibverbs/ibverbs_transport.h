@@ -94,6 +94,9 @@ class IbverbsTransport : public Transport, private messaging::PieceSink {
   void moveToRts(Lane& lane);
   void postReceives(Lane& lane, int count);
   void teardown();
+  // Before closing: lets the progress thread post the rendezvous ends and lane-down notices
+  // still queued, and waits (at most a bound) for the posted work to complete.
+  void drainEnds();
   // A lane's receive ring (registered for remote writes) and the fields of its record naming
   // it; its send side once the peer's record is known (the staging ring sized by it).
   void allocateReceiveRing(Lane& lane);

@@ -99,7 +99,34 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
   }
 }
 
+// A send completes once its writes are acknowledged, before its kWritten ends have left (they
+// wait for room on the lanes that carried the writes). A rank that closes right after its last
+// collective would drop them, and its peer would wait for them until its deadline (seen under
+// ASan after a failover put every piece on one lane). So closing first gives the queued ends
+// and notices a bounded time to go out and complete.
+void IbverbsTransport::drainEnds() {
+  constexpr auto kMostDrain = std::chrono::seconds(2);
+  const Clock::time_point until = Clock::now() + kMostDrain;
+  while (Clock::now() < until && !poisoned_.load()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      bool drained = true;
+      for (const auto& peer : peers_) {
+        if (peer == nullptr) continue;
+        pumpEndsLocked(*peer);
+        drained = drained && peer->ends.empty() && peer->lanes_down.empty();
+        for (const Lane* lane : peer->lanes) {
+          drained = drained && (lane->failed || lane->send_outstanding == 0);
+        }
+      }
+      if (drained) return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 IbverbsTransport::~IbverbsTransport() {
+  if (progress_.joinable()) drainEnds();
   stopping_.store(true);
   if (wake_fd_ >= 0) {
     const uint64_t one = 1;
