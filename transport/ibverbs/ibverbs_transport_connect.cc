@@ -103,7 +103,9 @@ IbverbsTransport::IbverbsTransport(Store& store, const VerbsApi& api, const Fact
 // wait for room on the lanes that carried the writes). A rank that closes right after its last
 // collective would drop them, and its peer would wait for them until its deadline (seen under
 // ASan after a failover put every piece on one lane). So closing first gives the queued ends
-// and notices a bounded time to go out and complete.
+// and notices a bounded time to go out and complete. The progress thread posts them as
+// completions free room (this thread only looks: posting here could fail and report to a
+// communicator that is being destroyed).
 void IbverbsTransport::drainEnds() {
   constexpr auto kMostDrain = std::chrono::seconds(2);
   const Clock::time_point until = Clock::now() + kMostDrain;
@@ -113,7 +115,6 @@ void IbverbsTransport::drainEnds() {
       bool drained = true;
       for (const auto& peer : peers_) {
         if (peer == nullptr) continue;
-        pumpEndsLocked(*peer);
         drained = drained && peer->ends.empty() && peer->lanes_down.empty();
         for (const Lane* lane : peer->lanes) {
           drained = drained && (lane->failed || lane->send_outstanding == 0);
