@@ -19,7 +19,7 @@ enum class RailWeights : uint8_t { kAdaptive, kStatic, kEqual };
 enum class RendezvousVerb : uint8_t { kAuto, kRead, kWrite };
 // When RDMA lanes to a peer are connected: all at start-up, or when the pair first talks.
 enum class LaneConnect : uint8_t { kAuto, kEager, kLazy };
-// How a shared-memory wait passes the time (RAILSHARD_WAIT; transport/shm/wait_policy.h).
+// How a shared-memory wait passes the time (RAILSHARD_WAIT; transport/messaging/wait_policy.h).
 enum class WaitMode : uint8_t { kAuto, kSpin, kSleep };
 // RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
 enum class NcclMode : uint8_t { kAuto, kOn, kOff };

@@ -24,10 +24,10 @@
 #include "core/shm_messages.h"
 #include "core/topology/topology.h"
 #include "kernels/reduce.h"
-#include "transport/ibverbs/ibverbs_factory.h"
-#include "transport/shm/host_identity.h"
-#include "transport/shm/shm_segment.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/links/shm/host_identity.h"
+#include "transport/links/shm/shm_segment.h"
+#include "transport/links/tcp/tcp_mesh.h"
+#include "transport/messaging/machine_load.h"
 
 namespace railshard {
 
@@ -36,9 +36,10 @@ namespace {
 // The rails between this rank's host and every other rank's, from the cluster graph: the TCP
 // transport opens a connection on each and stripes messages over them. Ranks on this host,
 // and rails without IP addresses (native InfiniBand), get none.
-std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
+std::vector<std::vector<transport::links::tcp::RailSpec>> railsToPeers(
     const Communicator::Options& options) {
-  std::vector<std::vector<transport::tcp::RailSpec>> result(static_cast<size_t>(options.size));
+  std::vector<std::vector<transport::links::tcp::RailSpec>> result(
+      static_cast<size_t>(options.size));
   const topology::Topology* graph = options.topology.get();
   if (graph == nullptr || graph->worldSize() != options.size) return result;
   const std::string& mine = graph->rank(options.rank).host;
@@ -47,7 +48,7 @@ std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
     if (peer == options.rank || theirs == mine) continue;
     for (const auto& rail : graph->rails(mine, theirs)) {
       if (rail.address_a.empty() || rail.address_b.empty()) continue;
-      transport::tcp::RailSpec spec;
+      transport::links::tcp::RailSpec spec;
       spec.name = graph->vertex(rail.nic_a).name;
       spec.local_address = rail.address_a;
       spec.remote_address = rail.address_b;
@@ -56,33 +57,6 @@ std::vector<std::vector<transport::tcp::RailSpec>> railsToPeers(
     }
   }
   return result;
-}
-
-transport::ibverbs::FactoryOptions ibverbsOptions(const Communicator::Options& options) {
-  const Config& config = options.config;
-  transport::ibverbs::FactoryOptions ib;
-  ib.rank = options.rank;
-  ib.size = options.size;
-  ib.key_prefix = options.key_prefix;
-  ib.connect_timeout = config.connect_timeout;
-  ib.spin = std::chrono::duration_cast<Duration>(config.spin);
-  ib.formatter = tagFormatter();
-  ib.mode = config.transport == TransportKind::kIbverbs ? transport::ibverbs::Mode::kForced
-                                                        : transport::ibverbs::Mode::kAuto;
-  ib.hca = config.ib_hca;
-  ib.gid_index = config.ib_gid_index;
-  ib.ib_timeout = config.ib_timeout;
-  ib.ib_retry_cnt = config.ib_retry_cnt;
-  ib.slots = config.ib_slots;
-  ib.slot_bytes = config.ib_slot_bytes;
-  ib.rendezvous_bytes = config.ib_rendezvous;
-  ib.rendezvous_auto = config.ib_rendezvous_auto;
-  ib.rendezvous_verb = config.ib_rendezvous_verb;
-  ib.readmit_interval = std::chrono::duration_cast<Duration>(config.ib_readmit);
-  ib.connect = config.ib_connect;
-  ib.rail_weights = config.rail_weights;
-  ib.stripe_tcp = config.stripe_tcp;
-  return ib;
 }
 
 // How often a rank's position (the collective it is in) reaches the store; a timeout's
@@ -109,31 +83,26 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   RS_LOG_DEBUG("rank {}/{}: config: {}", options.rank, options.size, options.config.describe());
   // Resolves RAILSHARD_KERNEL_ISA now, so a bad value fails at start-up, not mid-training.
   RS_LOG_DEBUG("rank {}: reduction kernels: {}", options.rank, kernels::activeIsa());
-  transport::tcp::TcpTransport::Options tcp;
-  tcp.rank = options.rank;
-  tcp.size = options.size;
-  tcp.token = options.config.token;
-  tcp.advertise_host = options.advertise_host;
-  tcp.key_prefix = options.key_prefix;
-  tcp.connect_timeout = options.config.connect_timeout;
-  tcp.spin = std::chrono::duration_cast<Duration>(options.config.spin);
+  collectives::Algorithm ignored;
+  collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
+  transport::links::tcp::MeshOptions tcp;
+  tcp.connect.rank = options.rank;
+  tcp.connect.size = options.size;
+  tcp.connect.token = options.config.token;
+  tcp.connect.advertise_host = options.advertise_host;
+  tcp.connect.key_prefix = options.key_prefix;
+  tcp.connect.connect_timeout = options.config.connect_timeout;
+  tcp.connect.peer_rails = railsToPeers(options);
+  tcp.connect.sockets_per_rail = options.config.sockets_per_rail;
   tcp.formatter = tagFormatter();
-  tcp.peer_rails = railsToPeers(options);
-  tcp.sockets_per_rail = options.config.sockets_per_rail;
   tcp.rail_weights = options.config.rail_weights;
   tcp.rail_timeout = std::chrono::duration_cast<Duration>(options.config.rail_timeout);
   tcp.heartbeat_timeout = std::chrono::duration_cast<Duration>(options.config.heartbeat_timeout);
-  collectives::Algorithm ignored;
-  collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
-  std::unique_ptr<transport::Transport> transport =
-      transport::tcp::TcpTransport::create(store, std::move(tcp));
-  if (options.config.transport == TransportKind::kAuto ||
-      options.config.transport == TransportKind::kIbverbs) {
-    // RDMA in front of TCP between hosts that have it (every pair when forced); TCP stays
-    // underneath for heartbeats, failure reports and the other pairs.
-    transport =
-        transport::ibverbs::wrapWithIbverbs(store, ibverbsOptions(options), std::move(transport));
-  }
+  transport::messaging::MachineState machine;
+  machine.cores = transport::messaging::allowedCores();
+  tcp.wait = transport::messaging::planWait(options.config.wait, machine,
+                                            std::chrono::duration_cast<Duration>(options.config.spin));
+  std::unique_ptr<transport::Transport> transport = transport::links::tcp::connectMesh(store, tcp);
   std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
   communicator->setUpSharedMemory(store, options.key_prefix);
   // One host's ranks share a segment: all of them (shm_) or this host's of several (host_shm_).

@@ -18,7 +18,7 @@
 #include "core/hierarchical_allreduce.h"
 #include "core/topology/topology.h"
 #include "kernels/cuda/device_runtime.h"
-#include "transport/shm/host_identity.h"
+#include "transport/links/shm/host_identity.h"
 
 namespace railshard {
 namespace {
@@ -114,7 +114,7 @@ std::vector<std::string> Communicator::hostOfEveryRank(Duration timeout) {
     return hosts;
   }
   const std::string prefix = key_prefix_ + "/device/host/";
-  store_->setString(prefix + std::to_string(rank_), transport::shm::hostIdentity(), timeout);
+  store_->setString(prefix + std::to_string(rank_), transport::links::shm::hostIdentity(), timeout);
   for (int r = 0; r < size_; ++r) {
     hosts[static_cast<size_t>(r)] = store_->getString(prefix + std::to_string(r), timeout);
   }

@@ -15,9 +15,9 @@
 #include "core/communicator.h"
 #include "core/shm_messages.h"
 #include "core/topology/topology.h"
-#include "transport/shm/host_identity.h"
-#include "transport/shm/shared_buffers.h"
-#include "transport/shm/shm_segment.h"
+#include "transport/links/shm/host_identity.h"
+#include "transport/links/shm/shared_buffers.h"
+#include "transport/links/shm/shm_segment.h"
 
 namespace railshard {
 
@@ -65,7 +65,7 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
   // topology file that says so, are different hosts even when they could map the same
   // memory: the graph is the authority on what the user wants treated as a host), split
   // further by what can really share memory (boot id + /dev/shm).
-  store.setString(key("host", rank_), transport::shm::hostIdentity(), timeout);
+  store.setString(key("host", rank_), transport::links::shm::hostIdentity(), timeout);
   const bool graph = topology_ != nullptr && topology_->worldSize() == size_;
   std::vector<std::string> keys(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
@@ -124,13 +124,13 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
   // The host's lowest rank sizes and creates the segment, and unlinks its name once the
   // host's ranks have it mapped, so a killed job leaves nothing behind in /dev/shm. When it
   // cannot (no room in /dev/shm), it publishes an empty name and the host's ranks stay on TCP.
-  std::unique_ptr<transport::shm::ShmSegment> segment;
+  std::unique_ptr<transport::links::shm::ShmSegment> segment;
   if (rank_ == leader) {
     std::string published;
     try {
-      const size_t slot = transport::shm::chooseSlotBytes(config_.shm_slot_bytes, local_size);
-      const std::string name = transport::shm::ShmSegment::makeName();
-      segment = transport::shm::ShmSegment::create(name, local_size, slot);
+      const size_t slot = transport::links::shm::chooseSlotBytes(config_.shm_slot_bytes, local_size);
+      const std::string name = transport::links::shm::ShmSegment::makeName();
+      segment = transport::links::shm::ShmSegment::create(name, local_size, slot);
       published = name + "|" + std::to_string(slot);
     } catch (const Error& e) {
       if (config_.transport == TransportKind::kShm) throw;
@@ -142,7 +142,7 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
     if (!published.empty()) {
       const auto bar = published.find('|');
       const size_t slot = std::stoull(published.substr(bar + 1));
-      segment = transport::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
+      segment = transport::links::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
     } else if (config_.transport == TransportKind::kShm) {
       throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank " + std::to_string(leader) +
                         " could not create the shared memory segment (see its log)");
@@ -275,11 +275,11 @@ void Communicator::agreeOnMeasuredLinks(Store& store, const std::string& key_pre
 // Buffers the host's peers map once and read with plain loads (the single-copy all-reduce's
 // fastest path, shm_single_copy.cc): memfd regions, not tied to this communicator's segment.
 void* Communicator::allocateSharedBuffer(size_t bytes) {
-  return transport::shm::allocateShared(bytes);
+  return transport::links::shm::allocateShared(bytes);
 }
 
 void Communicator::freeSharedBuffer(void* buffer) {
-  transport::shm::releaseShared(buffer);
+  transport::links::shm::releaseShared(buffer);
 }
 
 }  // namespace railshard

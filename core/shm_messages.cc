@@ -13,12 +13,12 @@
 
 #include "base/error.h"
 #include "core/collective_tag.h"
-#include "transport/shm/cross_memory.h"
+#include "transport/links/shm/cross_memory.h"
 
 namespace railshard {
 
-using transport::shm::FutexWord;
-using transport::shm::MailEntry;
+using transport::messaging::FutexWord;
+using transport::links::shm::MailEntry;
 
 namespace {
 
@@ -53,18 +53,18 @@ class ShmMessages::Pending : public transport::Request {
   std::exception_ptr error;
 };
 
-void ShmMessages::publishProbe(transport::shm::ShmSegment& segment, int local_rank) {
+void ShmMessages::publishProbe(transport::links::shm::ShmSegment& segment, int local_rank) {
   segment.control(local_rank)
       .probe_address.store(reinterpret_cast<uint64_t>(&probe_value), std::memory_order_release);
 }
 
-void ShmMessages::checkReadable(transport::shm::ShmSegment& segment, int local_rank, bool enabled) {
+void ShmMessages::checkReadable(transport::links::shm::ShmSegment& segment, int local_rank, bool enabled) {
   uint64_t mask = 0;
   if (enabled) {
     for (int r = 0; r < std::min(segment.worldSize(), 64); ++r) {
       const auto& control = segment.control(r);
       if (r == local_rank ||
-          transport::shm::canReadProcess(control.pid.load(),
+          transport::links::shm::canReadProcess(control.pid.load(),
                                          control.probe_address.load(std::memory_order_acquire),
                                          kProbeValue)) {
         mask |= uint64_t{1} << r;
@@ -111,7 +111,7 @@ transport::RequestPtr ShmMessages::isend(int peer, const void* data, size_t byte
   MailEntry& entry = segment_.mail(local_rank_, to, number);
   // The entry last carried message number - kMailEntries; it is free once that one was taken
   // (at once unless the receiver is that many messages behind).
-  const uint32_t free_mark = mark(number - transport::shm::kMailEntries);
+  const uint32_t free_mark = mark(number - transport::links::shm::kMailEntries);
   waitUntil(
       [&] {
         progress();  // the receiver may be waiting for one of ours
@@ -125,7 +125,7 @@ transport::RequestPtr ShmMessages::isend(int peer, const void* data, size_t byte
   entry.pid = static_cast<int32_t>(::getpid());
   entry.address = reinterpret_cast<uint64_t>(data);
   entry.refused.store(0, std::memory_order_relaxed);
-  const bool eager = bytes <= transport::shm::kMailInlineBytes;
+  const bool eager = bytes <= transport::links::shm::kMailInlineBytes;
   if (eager && bytes > 0) std::memcpy(entry.inline_data, data, bytes);
   entry.posted.store(mark(number), segment_.header().sleepers);
   ring(to);
@@ -163,7 +163,7 @@ bool ShmMessages::tryComplete(Pending& request) {
     if (!FutexWord::reached(entry.taken.load(), mark(request.number))) return false;
     if (entry.refused.load() != 0) {
       const size_t length = strnlen(reinterpret_cast<const char*>(entry.inline_data),
-                                    transport::shm::kMailInlineBytes);
+                                    transport::links::shm::kMailInlineBytes);
       request.error = std::make_exception_ptr(
           MismatchError(std::string(reinterpret_cast<const char*>(entry.inline_data), length) +
                         " [reported by rank " + std::to_string(request.peer()) + "]"));
@@ -184,16 +184,16 @@ void ShmMessages::complete(Pending& request, const MailEntry& posted) {
     if (!(entry.tag == request.tag())) {
       // Before a byte lands: the receive's buffer is untouched, the sender learns why.
       const std::string text = describeMismatch(me, request.tag(), request.peer(), entry.tag);
-      const size_t length = std::min(text.size(), transport::shm::kMailInlineBytes - 1);
+      const size_t length = std::min(text.size(), transport::links::shm::kMailInlineBytes - 1);
       std::memcpy(entry.inline_data, text.data(), length);
       entry.inline_data[length] = 0;
       entry.refused.store(1);
       request.error = std::make_exception_ptr(MismatchError(text));
       if (fail_) fail_(ErrorKind::kMismatch, text);
-    } else if (entry.bytes <= transport::shm::kMailInlineBytes) {
+    } else if (entry.bytes <= transport::links::shm::kMailInlineBytes) {
       if (entry.bytes > 0) std::memcpy(request.data, entry.inline_data, entry.bytes);
     } else {
-      transport::shm::readFromProcess(entry.pid, entry.address, request.data, entry.bytes);
+      transport::links::shm::readFromProcess(entry.pid, entry.address, request.data, entry.bytes);
     }
   } catch (const Error& e) {
     request.error = std::make_exception_ptr(e);

@@ -11,13 +11,13 @@
 #include "base/error.h"
 #include "transport/message_tag.h"
 #include "transport/request.h"
-#include "transport/shm/shm_segment.h"
+#include "transport/links/shm/shm_segment.h"
 
 namespace railshard {
 
 // Point-to-point messages between ranks of one host through the host's shared-memory segment
 // (docs/point_to_point.md). Each direction of a pair has a few message entries
-// (transport::shm::MailEntry), used in turn by message number: the sender fills one with its
+// (transport::links::shm::MailEntry), used in turn by message number: the sender fills one with its
 // header and, for a small message, the bytes; a larger message stays in the sender's buffer
 // and the receiver copies it straight out of the sender's process (process_vm_readv), so its
 // bytes cross memory once instead of through a socket's two copies.
@@ -34,7 +34,7 @@ namespace railshard {
 class ShmMessages {
  public:
   struct Options {
-    transport::shm::ShmSegment* segment = nullptr;
+    transport::links::shm::ShmSegment* segment = nullptr;
     int local_rank = 0;
     std::vector<int> local_of;  // communicator rank -> local rank on this host, -1 elsewhere
     Duration spin{};            // poll this long before sleeping (Config::spin)
@@ -50,8 +50,8 @@ class ShmMessages {
   // Set-up, on every local rank: publish where a known value lives in this process; then,
   // after a barrier, check which local ranks' memory this one can read (`enabled` false: none),
   // and publish that. All ranks read each other's results after a second barrier.
-  static void publishProbe(transport::shm::ShmSegment& segment, int local_rank);
-  static void checkReadable(transport::shm::ShmSegment& segment, int local_rank, bool enabled);
+  static void publishProbe(transport::links::shm::ShmSegment& segment, int local_rank);
+  static void checkReadable(transport::links::shm::ShmSegment& segment, int local_rank, bool enabled);
 
   // Whether messages from `from` to `to` (communicator ranks) go through shared memory: both
   // on this host, and `to` could read `from`'s memory. The same answer on both ranks.
@@ -76,14 +76,14 @@ class ShmMessages {
   // Completes what it can of the pending requests (under mutex_).
   void progress();
   bool tryComplete(Pending& request);
-  void complete(Pending& request, const transport::shm::MailEntry& entry);
+  void complete(Pending& request, const transport::links::shm::MailEntry& entry);
   // Spin, then sleep on this rank's doorbell until `ready` or the deadline; liveness checks of
   // `peer` and the health check every 100 ms. `what` names the wait for its TimeoutError.
   void waitUntil(const std::function<bool()>& ready, int peer, Deadline deadline,
                  const std::string& what);
   void ring(int local_rank);
 
-  transport::shm::ShmSegment& segment_;
+  transport::links::shm::ShmSegment& segment_;
   int local_rank_;
   std::vector<int> local_of_;
   std::vector<int> rank_of_;  // local rank -> communicator rank

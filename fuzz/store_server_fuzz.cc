@@ -23,7 +23,7 @@
 #include "base/logging.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store_server.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include "base/logging.h"
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/link_probe.h"
-#include "transport/shm/host_identity.h"
+#include "transport/links/shm/host_identity.h"
 
 namespace railshard::launcher::exchange {
 
@@ -91,7 +91,7 @@ void agree(Store& store, const ClusterTopologyOptions& options, const std::strin
 RankInfo thisRank(const ClusterTopologyOptions& options) {
   RankInfo mine;
   mine.hostname = options.hostname.empty() ? thisHostname() : options.hostname;
-  mine.host_key = transport::shm::hostIdentity();
+  mine.host_key = transport::links::shm::hostIdentity();
   if (!options.hostname.empty()) mine.host_key = options.hostname + "/" + mine.host_key;
   mine.bound_numa = boundNumaNode(options.sysfs_root);
   return mine;

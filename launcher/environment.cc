@@ -4,7 +4,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 extern char** environ;
 
@@ -175,7 +175,7 @@ LaunchEnvironment detectSource(const std::map<std::string, std::string>& env) {
       if (master != nullptr && port != nullptr) {
         // torchrun's own store owns MASTER_PORT; ours takes the next port.
         const int next = static_cast<int>(parseInteger("MASTER_PORT", *port, 1, 65534)) + 1;
-        e.store_addr = transport::tcp::joinHostPort(*master, static_cast<uint16_t>(next));
+        e.store_addr = transport::links::tcp::joinHostPort(*master, static_cast<uint16_t>(next));
       }
     }
     crossCheck(env, e, "RANK");

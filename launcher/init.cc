@@ -12,7 +12,7 @@
 #include "launcher/mpi_bootstrap.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard {
 
@@ -51,10 +51,10 @@ Bootstrap bootstrapStore() {
       std::string host = !config.socket_ifname.empty()
                              ? addressForInterface(config.socket_ifname)
                              : (one_host ? "127.0.0.1" : defaultHostAddress());
-      const std::string spec = transport::tcp::joinHostPort(host, 0);
+      const std::string spec = transport::links::tcp::joinHostPort(host, 0);
       const std::string token = config.token.empty() ? makeJobToken() : config.token;
       server =
-          std::make_shared<TcpStoreServer>(transport::tcp::resolve(spec, "store address"), token);
+          std::make_shared<TcpStoreServer>(transport::links::tcp::resolve(spec, "store address"), token);
       return StoreRendezvous{server->address().toString(), token};
     });
     store_addr = rendezvous.store_addr;
@@ -64,7 +64,7 @@ Bootstrap bootstrapStore() {
       server = TcpStoreServer::adopt(launch.store_fd, config.token);
     } else {
       server = std::make_shared<TcpStoreServer>(
-          transport::tcp::resolve(store_addr, "RAILSHARD_STORE_ADDR"), config.token);
+          transport::links::tcp::resolve(store_addr, "RAILSHARD_STORE_ADDR"), config.token);
     }
   }
   if (config.token.empty()) {
@@ -77,7 +77,7 @@ Bootstrap bootstrapStore() {
   boot.store_addr = store_addr;
   boot.server_keepalive = server;
 
-  const std::string store_host = transport::tcp::splitHostPort(store_addr, "store address").first;
+  const std::string store_host = transport::links::tcp::splitHostPort(store_addr, "store address").first;
   boot.advertise_host = advertiseAddress(config.socket_ifname, store_host);
 
   boot.store = std::make_shared<TcpStore>(store_addr, config.token, config.connect_timeout);

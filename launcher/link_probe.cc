@@ -10,13 +10,13 @@
 
 #include "base/error.h"
 #include "base/logging.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::launcher {
 
 namespace {
 
-namespace tcp = transport::tcp;
+namespace tcp = transport::links::tcp;
 using topology::Rail;
 using topology::Topology;
 

@@ -23,7 +23,7 @@
 #include "launcher/process_group.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 extern char** environ;
 
@@ -32,7 +32,7 @@ namespace railshard::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using transport::tcp::Fd;
+using transport::links::tcp::Fd;
 
 // Blocks the signals the launcher waits for and delivers them through a signalfd, so that one
 // poll() loop sees rank output, rank exits and Ctrl-C alike. Restores the old mask on exit.
@@ -189,7 +189,7 @@ int freeLocalPort() {
 }
 
 std::string advertisedAddress(int listen_fd) {
-  transport::tcp::SockAddr addr = transport::tcp::localAddress(listen_fd);
+  transport::links::tcp::SockAddr addr = transport::links::tcp::localAddress(listen_fd);
   if (addr.storage.ss_family == AF_INET) {
     auto* in = reinterpret_cast<sockaddr_in*>(&addr.storage);
     if (in->sin_addr.s_addr == htonl(INADDR_ANY)) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -201,8 +201,8 @@ std::string advertisedAddress(int listen_fd) {
 }
 
 Fd listenForStore(const std::string& host, uint16_t port) {
-  const std::string host_port = transport::tcp::joinHostPort(host, port);
-  Fd listener = transport::tcp::listenOn(transport::tcp::resolve(host_port, "--store-host"));
+  const std::string host_port = transport::links::tcp::joinHostPort(host, port);
+  Fd listener = transport::links::tcp::listenOn(transport::links::tcp::resolve(host_port, "--store-host"));
   // Keep it off 0-2, which become each rank's stdio; inherited at this number by rank 0.
   if (listener.get() <= STDERR_FILENO) {
     Fd moved(::fcntl(listener.get(), F_DUPFD_CLOEXEC, STDERR_FILENO + 1));
@@ -516,7 +516,7 @@ int runLocalJob(const LocalJobOptions& options) {
   std::string torch_host = "127.0.0.1";
   int torch_port = 0;
   if (several_hosts) {
-    const auto [host, port] = transport::tcp::splitHostPort(options.master, "--master");
+    const auto [host, port] = transport::links::tcp::splitHostPort(options.master, "--master");
     store_addr = options.master;
     torch_host = host;
     torch_port = static_cast<int>(port) + 1;

@@ -243,7 +243,7 @@ ProcessGroup::Pipes ProcessGroup::spawn(const ChildSpec& spec) {
   }
   children_.push_back(Child{pid, std::nullopt});
   ++running_;
-  return Pipes{transport::tcp::Fd(out[0]), transport::tcp::Fd(err[0])};
+  return Pipes{transport::links::tcp::Fd(out[0]), transport::links::tcp::Fd(err[0])};
 }
 
 std::vector<size_t> ProcessGroup::reap() {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::launcher {
 
@@ -66,8 +66,8 @@ class ProcessGroup {
  public:
   // The read ends of a child's stdout and stderr pipes: non-blocking and close-on-exec.
   struct Pipes {
-    transport::tcp::Fd out;
-    transport::tcp::Fd err;
+    transport::links::tcp::Fd out;
+    transport::links::tcp::Fd err;
   };
 
   ProcessGroup();

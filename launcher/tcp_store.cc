@@ -53,14 +53,14 @@ TcpStore::TcpStore(std::string host_port, std::string token, Duration connect_ti
     throw InvalidArgument("store: token of " + std::to_string(token_.size()) +
                           " bytes exceeds the limit of " + std::to_string(kMaxTokenBytes));
   }
-  addr_ = transport::tcp::resolve(host_port_, "store address");
+  addr_ = transport::links::tcp::resolve(host_port_, "store address");
   // No other thread can see this object yet: no turn to take.
   connectLocked(safeDeadline(connect_timeout));
 }
 
 void TcpStore::connectLocked(Deadline deadline) {
   const std::string what = "store at " + host_port_;
-  transport::tcp::Fd fd = transport::tcp::connectWithRetry(addr_, deadline, what);
+  transport::links::tcp::Fd fd = transport::links::tcp::connectWithRetry(addr_, deadline, what);
   fd_ = std::move(fd);
   Request hello;
   hello.command = Command::kHello;
@@ -76,14 +76,14 @@ Response TcpStore::exchangeLocked(const Request& request, Deadline deadline,
   const Bytes frame = encodeRequest(request);  // InvalidArgument before touching the socket
   const std::string where = "store at " + host_port_;
   try {
-    transport::tcp::sendAll(fd_.get(), frame.data(), frame.size(), deadline, where);
+    transport::links::tcp::sendAll(fd_.get(), frame.data(), frame.size(), deadline, where);
     uint8_t header[kFrameHeaderBytes];
-    transport::tcp::recvAll(fd_.get(), header, sizeof(header), deadline, where);
+    transport::links::tcp::recvAll(fd_.get(), header, sizeof(header), deadline, where);
     // Validated before allocating: a confused peer cannot make us reserve 4 GiB.
     const uint32_t length = frameLength(std::span<const uint8_t>(header, sizeof(header)));
     Bytes response(kFrameHeaderBytes + length);
     std::copy(header, header + kFrameHeaderBytes, response.begin());
-    transport::tcp::recvAll(fd_.get(), response.data() + kFrameHeaderBytes, length, deadline,
+    transport::links::tcp::recvAll(fd_.get(), response.data() + kFrameHeaderBytes, length, deadline,
                             where);
     return parseResponse(request.command, response);
   } catch (const PeerLostError& e) {

@@ -7,7 +7,7 @@
 
 #include "base/store.h"
 #include "launcher/store_protocol.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::launcher {
 
@@ -43,14 +43,14 @@ class TcpStore : public Store {
 
   std::string host_port_;
   std::string token_;
-  transport::tcp::SockAddr addr_;
+  transport::links::tcp::SockAddr addr_;
   // One request on the connection at a time. A flag under a mutex rather than a
   // timed_mutex: waiting for the turn must honour the call's deadline, and a condition
   // variable does that on every toolchain (TSan in GCC 12 misreads timed_mutex locks).
   std::mutex turn_mutex_;
   std::condition_variable turn_free_;
   bool turn_taken_ = false;
-  transport::tcp::Fd fd_;  // owned by the turn holder; invalid after a failed call
+  transport::links::tcp::Fd fd_;  // owned by the turn holder; invalid after a failed call
 };
 
 }  // namespace railshard::launcher

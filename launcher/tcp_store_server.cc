@@ -22,9 +22,9 @@
 
 namespace railshard::launcher {
 
-using transport::tcp::errnoText;
-using transport::tcp::Fd;
-using transport::tcp::SockAddr;
+using transport::links::tcp::errnoText;
+using transport::links::tcp::Fd;
+using transport::links::tcp::SockAddr;
 
 namespace {
 
@@ -60,9 +60,9 @@ class TcpStoreServer::Impl {
  public:
   Impl(Fd listen_fd, std::string token, TcpStoreServerOptions options)
       : listen_(std::move(listen_fd)), token_(std::move(token)), options_(options) {
-    address_ = transport::tcp::localAddress(listen_.get());
-    transport::tcp::setNonBlocking(listen_.get(), true);
-    transport::tcp::setCloseOnExec(listen_.get(), true);
+    address_ = transport::links::tcp::localAddress(listen_.get());
+    transport::links::tcp::setNonBlocking(listen_.get(), true);
+    transport::links::tcp::setCloseOnExec(listen_.get(), true);
     epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) throw Error("store server: epoll_create1: " + errnoText(errno));
     stop_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -185,7 +185,7 @@ class TcpStoreServer::Impl {
         control(EPOLL_CTL_MOD, listen_.get(), kListenId, 0);
         return;
       }
-      transport::tcp::setNoDelay(fd);
+      transport::links::tcp::setNoDelay(fd);
       auto client = std::make_unique<Client>();
       client->id = next_id_++;
       client->fd = Fd(fd);
@@ -676,7 +676,7 @@ class TcpStoreServer::Impl {
 
 TcpStoreServer::TcpStoreServer(const SockAddr& addr, std::string token,
                                TcpStoreServerOptions options)
-    : TcpStoreServer(transport::tcp::listenOn(addr), std::move(token), options) {}
+    : TcpStoreServer(transport::links::tcp::listenOn(addr), std::move(token), options) {}
 
 TcpStoreServer::TcpStoreServer(Fd listen_fd, std::string token, TcpStoreServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(listen_fd), std::move(token), options)) {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "base/clock.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::launcher {
 
@@ -34,7 +34,7 @@ struct TcpStoreServerOptions {
 class TcpStoreServer {
  public:
   // Listens on `addr` (port 0 = any free port) and starts serving.
-  TcpStoreServer(const transport::tcp::SockAddr& addr, std::string token,
+  TcpStoreServer(const transport::links::tcp::SockAddr& addr, std::string token,
                  TcpStoreServerOptions options = {});
   // Takes ownership of a socket that is already bound (and usually listening), e.g. one a
   // launcher bound before forking the ranks, and starts serving on it.
@@ -49,10 +49,10 @@ class TcpStoreServer {
 
   uint16_t port() const;
   // The bound address ("0.0.0.0:29500" when listening on every interface).
-  const transport::tcp::SockAddr& address() const;
+  const transport::links::tcp::SockAddr& address() const;
 
  private:
-  TcpStoreServer(transport::tcp::Fd listen_fd, std::string token, TcpStoreServerOptions options);
+  TcpStoreServer(transport::links::tcp::Fd listen_fd, std::string token, TcpStoreServerOptions options);
 
   class Impl;
   std::unique_ptr<Impl> impl_;

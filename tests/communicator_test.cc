@@ -15,7 +15,7 @@
 #include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
-#include "transport/tcp/tcp_transport.h"
+#include "tests/tcp_mesh_util.h"
 
 namespace railshard {
 namespace {
@@ -321,16 +321,10 @@ TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
   }
 }
 
-// Two ranks of a bare TCP transport in this process (threads), through `store`.
-void connectTcpPair(MemoryStore& store, std::unique_ptr<transport::tcp::TcpTransport> (&t)[2]) {
-  using transport::tcp::TcpTransport;
+// Two ranks of a bare TCP mesh in this process (threads), through `store`.
+void connectTcpPair(MemoryStore& store, std::unique_ptr<test::Mesh> (&t)[2]) {
   test::rethrowFirst(test::runRanks(2, [&](int rank) {
-    TcpTransport::Options options;
-    options.rank = rank;
-    options.size = 2;
-    options.token = "tcp-pair-test";
-    options.connect_timeout = std::chrono::seconds(20);
-    t[rank] = TcpTransport::create(store, options);
+    t[rank] = transport::links::tcp::connectMesh(store, test::tcpMeshOptions(rank, 2, "tcp-pair-test"));
   }));
 }
 
@@ -340,13 +334,13 @@ void connectTcpPair(MemoryStore& store, std::unique_ptr<transport::tcp::TcpTrans
 // the result and returned it without an error ("nothing is silently corrupted").
 TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
   MemoryStore store;
-  std::unique_ptr<transport::tcp::TcpTransport> t[2];
+  std::unique_ptr<test::Mesh> t[2];
   connectTcpPair(store, t);
   // Hold rank 0's failure window open (claimed, not yet published) until this test's wait has
   // run into its deadline, or half a second at most.
   std::promise<void> failing;
   std::atomic<bool> waited{false};
-  t[0]->setFailHookForTesting([&] {
+  t[0]->failure().setFailHookForTesting([&] {
     failing.set_value();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
     while (!waited.load() && std::chrono::steady_clock::now() < until) {
@@ -382,9 +376,9 @@ TEST(TcpFailure, WaitThatTimesOutWhileAnotherThreadFailsRaises) {
 // that the abort and the reset are both in its kernel before it looks.
 TEST(TcpFailure, AbortFrameWinsOverTheResetThatFollowsIt) {
   MemoryStore store;
-  std::unique_ptr<transport::tcp::TcpTransport> t[2];
+  std::unique_ptr<test::Mesh> t[2];
   connectTcpPair(store, t);
-  t[0]->pauseProgressForTesting(true);
+  test::tcpDriverOf(*t[0]).pauseForTesting(true);
   t[1]->abort(makeError(ErrorKind::kMismatch, "rank 1: op differs (test)"), true);
   t[1].reset();  // lingers for rank 0's close (which cannot come: paused), then closes
 
@@ -397,7 +391,7 @@ TEST(TcpFailure, AbortFrameWinsOverTheResetThatFollowsIt) {
     sends.push_back(t[0]->isend(1, payload.data(), payload.size(), tag));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  t[0]->pauseProgressForTesting(false);
+  test::tcpDriverOf(*t[0]).pauseForTesting(false);
 
   const Deadline until = deadlineAfter(std::chrono::seconds(10));
   std::string kind = "none";

@@ -25,7 +25,7 @@
 #include "core/collectives/host_device_ops.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
-#include "transport/tcp/tcp_transport.h"
+#include "tests/tcp_mesh_util.h"
 
 namespace railshard {
 namespace {
@@ -42,7 +42,6 @@ using test::expectedValue;
 using test::inputValue;
 using test::loadValue;
 using test::storeValue;
-using transport::tcp::TcpTransport;
 
 // Small chunks: a few hundred elements make many chunks per segment and several slices
 // (sliceSegmentElements is 16 chunks per segment).
@@ -64,13 +63,8 @@ class Ranks {
     transports_.resize(static_cast<size_t>(size));
     workspaces_.resize(static_cast<size_t>(size));
     test::rethrowFirst(test::runRanks(size, [&](int rank) {
-      TcpTransport::Options options;
-      options.rank = rank;
-      options.size = size;
-      options.token = "device-staging-test";
-      options.connect_timeout = std::chrono::seconds(20);
-      options.formatter = tagFormatter();
-      transports_[static_cast<size_t>(rank)] = TcpTransport::create(store_, options);
+      transports_[static_cast<size_t>(rank)] = transport::links::tcp::connectMesh(
+          store_, test::tcpMeshOptions(rank, size, "device-staging-test"));
     }));
   }
 
@@ -112,7 +106,7 @@ class Ranks {
   int size_;
   Duration timeout_;
   MemoryStore store_;
-  std::vector<std::unique_ptr<TcpTransport>> transports_;
+  std::vector<std::unique_ptr<test::Mesh>> transports_;
   std::vector<Workspace> workspaces_;
 };
 

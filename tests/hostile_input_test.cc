@@ -29,14 +29,14 @@
 #include "launcher/tcp_store_server.h"
 #include "tests/hostile_peer.h"
 #include "tests/test_util.h"
-#include "transport/tcp/frame.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/hello.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard {
 namespace {
 
 using namespace std::chrono_literals;
-namespace tcp = transport::tcp;
+namespace tcp = transport::links::tcp;
 using launcher::Bytes;
 using launcher::Command;
 using test::closedByPeer;
@@ -67,7 +67,7 @@ Bytes garbage(size_t size, uint32_t seed) {
   return bytes;
 }
 
-// What a data-port hello looks like on the wire (transport/tcp/frame.h).
+// What a data-port hello looks like on the wire (transport/links/tcp/hello.h).
 Bytes dataHello(uint32_t rank, uint32_t world_size, const std::string& token,
                 uint16_t announced_token_bytes) {
   tcp::Hello hello;

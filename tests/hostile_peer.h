@@ -21,7 +21,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "tests/test_util.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::test {
 
@@ -69,15 +69,15 @@ class StderrCapture {
   int saved_ = -1;
 };
 
-inline transport::tcp::Fd connectTo(const std::string& host_port) {
-  return transport::tcp::connectWithRetry(transport::tcp::resolve(host_port, "attacker"),
+inline transport::links::tcp::Fd connectTo(const std::string& host_port) {
+  return transport::links::tcp::connectWithRetry(transport::links::tcp::resolve(host_port, "attacker"),
                                           deadlineAfter(std::chrono::seconds(5)), "attacker");
 }
 
 // Sends what it can: the other side may close half-way, which is what it should do.
 inline void sendSome(int fd, const void* data, size_t size) {
   try {
-    transport::tcp::sendAll(fd, data, size, deadlineAfter(std::chrono::seconds(5)), "attacker");
+    transport::links::tcp::sendAll(fd, data, size, deadlineAfter(std::chrono::seconds(5)), "attacker");
   } catch (const Error&) {
   }
 }

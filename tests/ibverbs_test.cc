@@ -12,7 +12,7 @@
 #include "base/error.h"
 #include "tests/test_util.h"
 #include "transport/ibverbs/credit_window.h"
-#include "transport/ibverbs/cuda_driver.h"
+#include "transport/cuda_driver.h"
 #include "transport/ibverbs/device_registration.h"
 #include "transport/ibverbs/gid_table.h"
 #include "transport/ibverbs/hca_discovery.h"

@@ -1,6 +1,6 @@
 #pragma once
 
-// Two TCP transports in threads joined by "rails" on 127.0.0.1, 127.0.0.2, ... (all local, so
+// Two TCP meshes in threads joined by "rails" on 127.0.0.1, 127.0.0.2, ... (all local, so
 // no root is needed): what the multi-rail tests share.
 #include <chrono>
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 #include "base/memory_store.h"
 #include "tests/test_util.h"
-#include "transport/tcp/tcp_transport.h"
+#include "tests/tcp_mesh_util.h"
 
 namespace railshard::test {
 
@@ -20,8 +20,8 @@ using railshard::Deadline;
 using railshard::MemoryStore;
 using railshard::transport::MessageTag;
 using railshard::transport::RailStatus;
-using railshard::transport::tcp::RailSpec;
-using railshard::transport::tcp::TcpTransport;
+using railshard::transport::links::tcp::RailSpec;
+using railshard::transport::messaging::Mesh;
 
 inline constexpr char kToken[] = "multirail-test";
 
@@ -44,7 +44,7 @@ inline std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
 }
 
 struct Pair {
-  std::unique_ptr<TcpTransport> t[2];
+  std::unique_ptr<Mesh> t[2];
   // Both close at once, as two processes would: each lingers for the other's goodbye.
   ~Pair() {
     std::thread other([this] { t[1].reset(); });
@@ -59,24 +59,20 @@ inline void connectPairThrough(MemoryStore& store, Pair& pair, int rails,
                                railshard::RailWeights weights = railshard::RailWeights::kAdaptive,
                                int sockets = 1, const std::vector<double>& gbps = {}) {
   railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
-    TcpTransport::Options options;
-    options.rank = rank;
-    options.size = 2;
-    options.token = kToken;
+    auto options = tcpMeshOptions(rank, 2, kToken);
     options.rail_weights = weights;
-    options.sockets_per_rail = sockets;
+    options.connect.sockets_per_rail = sockets;
     options.rejoin_interval = std::chrono::milliseconds(200);
-    options.connect_timeout = std::chrono::seconds(20);
-    options.peer_rails.resize(2);
+    options.connect.peer_rails.resize(2);
     for (int r = 0; r < rails; ++r) {
       RailSpec spec;
       spec.name = "lo" + std::to_string(r);
       spec.local_address = "127.0.0." + std::to_string(r + 1);
       spec.remote_address = spec.local_address;
       spec.gbps = gbps.empty() ? 10 : gbps[static_cast<size_t>(r)];
-      options.peer_rails[static_cast<size_t>(1 - rank)].push_back(spec);
+      options.connect.peer_rails[static_cast<size_t>(1 - rank)].push_back(spec);
     }
-    pair.t[rank] = TcpTransport::create(store, options);
+    pair.t[rank] = transport::links::tcp::connectMesh(store, options);
   }));
 }
 
@@ -87,7 +83,7 @@ inline void connectPair(Pair& pair, int rails,
   connectPairThrough(store, pair, rails, weights, sockets, gbps);
 }
 
-inline std::vector<RailStatus> railsTo(const TcpTransport& t, int peer) {
+inline std::vector<RailStatus> railsTo(const Mesh& t, int peer) {
   std::vector<RailStatus> result;
   for (const auto& r : t.rails()) {
     if (r.peer == peer) result.push_back(r);

@@ -22,8 +22,7 @@
 #include "test_util.h"
 #include "tests/hostile_peer.h"
 #include "tests/multirail_pair.h"
-#include "transport/tcp/frame.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/links/tcp/hello.h"
 
 namespace {
 
@@ -41,8 +40,8 @@ using railshard::test::tagOf;
 using railshard::transport::MessageTag;
 using railshard::transport::RailStatus;
 using railshard::transport::RequestPtr;
-using railshard::transport::tcp::RailSpec;
-using railshard::transport::tcp::TcpTransport;
+using railshard::transport::links::tcp::RailSpec;
+using railshard::transport::messaging::Mesh;
 using ::testing::HasSubstr;
 
 TEST(MultiRail, OneConnectionPerRailEachNamedAndUp) {
@@ -105,8 +104,8 @@ TEST(MultiRail, StripedMessagesArriveExactlyWhateverTheSplit) {
   const std::vector<size_t> sizes = {
       0, 1, 63, 64 << 10, (64 << 10) + 1, 1 << 20, (1 << 20) + 3, (8 << 20) + 77};
   for (int direction = 0; direction < 2; ++direction) {
-    TcpTransport& sender = *pair.t[direction];
-    TcpTransport& receiver = *pair.t[1 - direction];
+    Mesh& sender = *pair.t[direction];
+    Mesh& receiver = *pair.t[1 - direction];
     const int to = 1 - direction;
     std::vector<std::vector<uint8_t>> sent;
     std::vector<std::vector<uint8_t>> got;
@@ -219,7 +218,7 @@ TEST(MultiRail, BrokenRailIsFailedOverWithoutLossAndReadmitted) {
   }
   for (int i = 0; i < kMessages; ++i) {
     sends.push_back(pair.t[0]->isend(1, sent[static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
-    if (i == 3) pair.t[0]->breakConnectionForTesting(1, 1);  // mid-stream
+    if (i == 3) railshard::test::tcpDriverOf(*pair.t[0]).breakForTesting(1, 1);  // mid-stream
   }
   for (auto& s : sends) pair.t[0]->wait(s, soon());
   for (auto& r : recvs) pair.t[1]->wait(r, soon());
@@ -248,7 +247,7 @@ TEST(MultiRail, RejoinListenerRefusesHostileConnectionsAndTheRailStillComesBack)
   using railshard::test::closedByPeer;
   using railshard::test::connectTo;
   using railshard::test::sendSome;
-  namespace tcp = railshard::transport::tcp;
+  namespace tcp = railshard::transport::links::tcp;
   railshard::test::StderrCapture log;
   MemoryStore store;
   Pair pair;
@@ -259,7 +258,7 @@ TEST(MultiRail, RejoinListenerRefusesHostileConnectionsAndTheRailStillComesBack)
   for (std::string one; in >> one;) listeners.push_back(one);
   ASSERT_EQ(listeners.size(), 2u);
   const std::string target = listeners[1];
-  pair.t[0]->breakConnectionForTesting(1, 1);
+  railshard::test::tcpDriverOf(*pair.t[0]).breakForTesting(1, 1);
 
   auto hello = [](const std::string& token, uint16_t flags, uint16_t announced) {
     tcp::Hello h;
@@ -342,7 +341,7 @@ TEST(MultiRail, FailoverWorksInBothDirectionsAtOnce) {
       requests[side].push_back(pair.t[side]->isend(
           1 - side, sent[side][static_cast<size_t>(i)].data(), kBytes, tagOf(i)));
     }
-    if (i == 2) pair.t[1]->breakConnectionForTesting(0, 0);
+    if (i == 2) railshard::test::tcpDriverOf(*pair.t[1]).breakForTesting(0, 0);
   }
   for (int side = 0; side < 2; ++side) {
     for (auto& r : requests[side]) pair.t[side]->wait(r, soon());
@@ -360,8 +359,8 @@ TEST(MultiRail, LosingEveryRailIsPeerLostNamingTheRails) {
   connectPair(pair, 2);
   std::vector<uint8_t> got(1 << 20);
   auto r = pair.t[1]->irecv(0, got.data(), got.size(), tagOf(1));
-  pair.t[0]->breakConnectionForTesting(1, 0);
-  pair.t[0]->breakConnectionForTesting(1, 1);
+  railshard::test::tcpDriverOf(*pair.t[0]).breakForTesting(1, 0);
+  railshard::test::tcpDriverOf(*pair.t[0]).breakForTesting(1, 1);
   try {
     pair.t[1]->wait(r, soon());
     FAIL() << "expected PeerLostError";

@@ -13,12 +13,12 @@
 
 #include "base/error.h"
 #include "core/collectives/shm_engine.h"
-#include "transport/shm/shm_segment.h"
+#include "transport/links/shm/shm_segment.h"
 
 namespace railshard::collectives {
 namespace {
 
-using transport::shm::ShmSegment;
+using transport::links::shm::ShmSegment;
 
 TEST(ShmEngineAbort, RanksThatAbortTogetherLeaveOneWholeMessage) {
   constexpr int kRanks = 2;

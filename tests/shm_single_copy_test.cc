@@ -6,7 +6,7 @@
 // above the threshold where every rank has a core; none below it, when off, or with more
 // ranks than cores, where the ranks decline it after its first hand-off).
 //
-// Buffers from Communicator::allocateSharedBuffer (transport/shm/shared_buffers.h): the region
+// Buffers from Communicator::allocateSharedBuffer (transport/links/shm/shared_buffers.h): the region
 // registry's lookups and errors, a mapping that shows the owner's writes, and the mapped path
 // ("shm_single_copy_mapped" phases) exact for every dtype x op.
 //
@@ -35,8 +35,8 @@
 #include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
-#include "transport/shm/machine_load.h"
-#include "transport/shm/shared_buffers.h"
+#include "transport/messaging/machine_load.h"
+#include "transport/links/shm/shared_buffers.h"
 
 namespace railshard {
 namespace {
@@ -107,7 +107,7 @@ TEST_P(SingleCopyThreads, EveryDtypeOpInAndOutOfPlaceMatchesTheScalarReference) 
   // process_vm_readv only where every rank has a core (more ranks than cores: the staged
   // path, after the single copy's first hand-off, which this also checks).
   size_t expected = 0;
-  const bool reads_across = static_cast<unsigned>(size) <= transport::shm::allowedCores();
+  const bool reads_across = static_cast<unsigned>(size) <= transport::messaging::allowedCores();
   for (size_t count : counts) {
     if (!reads_across) break;
     for (DataType dtype : test::allDataTypes()) {
@@ -139,17 +139,17 @@ TEST(SharedBuffers, RegionsAreFoundByAddressAndBadCallsAreRefused) {
   }
   auto* region = static_cast<uint8_t*>(Communicator::allocateSharedBuffer(10000));
   EXPECT_EQ(region[9999], 0) << "zeroed";
-  const auto whole = transport::shm::findShared(region, 10000);
+  const auto whole = transport::links::shm::findShared(region, 10000);
   EXPECT_NE(whole.serial, 0u);
   EXPECT_EQ(whole.offset, 0u);
   EXPECT_GE(whole.region_bytes, 10000u);
-  const auto inside = transport::shm::findShared(region + 100, 500);
+  const auto inside = transport::links::shm::findShared(region + 100, 500);
   EXPECT_EQ(inside.serial, whole.serial);
   EXPECT_EQ(inside.offset, 100u);
-  EXPECT_EQ(transport::shm::findShared(region + 100, whole.region_bytes).serial, 0u)
+  EXPECT_EQ(transport::links::shm::findShared(region + 100, whole.region_bytes).serial, 0u)
       << "runs past the region's end";
   std::vector<uint8_t> elsewhere(100);
-  EXPECT_EQ(transport::shm::findShared(elsewhere.data(), 100).serial, 0u);
+  EXPECT_EQ(transport::links::shm::findShared(elsewhere.data(), 100).serial, 0u);
   try {
     Communicator::freeSharedBuffer(region + 8);
     ADD_FAILURE() << "no InvalidArgument";
@@ -159,15 +159,15 @@ TEST(SharedBuffers, RegionsAreFoundByAddressAndBadCallsAreRefused) {
         << e.what();
   }
   Communicator::freeSharedBuffer(region);
-  EXPECT_EQ(transport::shm::findShared(region, 1).serial, 0u) << "gone once freed";
+  EXPECT_EQ(transport::links::shm::findShared(region, 1).serial, 0u) << "gone once freed";
 }
 
 TEST(SharedBuffers, AMappingShowsTheOwnersWritesAndOutlivesTheRegion) {
   auto* region = static_cast<uint64_t*>(Communicator::allocateSharedBuffer(1 << 20));
-  const auto ref = transport::shm::findShared(region + 1000, 8 * 1000);
+  const auto ref = transport::links::shm::findShared(region + 1000, 8 * 1000);
   const uint8_t* mapped;
   {
-    transport::shm::PeerMappings mappings;
+    transport::links::shm::PeerMappings mappings;
     mapped = mappings.map(::getpid(), ref);
     ASSERT_NE(mapped, nullptr) << "pidfd_getfd of this process refused";
     region[1000] = 0x1234567890abcdefull;  // written after mapping: the same pages
@@ -263,7 +263,7 @@ TEST(SingleCopy, PartlyOverlappingBuffersAreRefusedOnEveryRank) {
 }
 
 TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
-  if (transport::shm::allowedCores() < 2) {
+  if (transport::messaging::allowedCores() < 2) {
     GTEST_SKIP() << "one core: two ranks would not read across (the staged path is theirs)";
   }
   struct Setting {
@@ -329,7 +329,7 @@ void killOneOf(int ranks, const std::string& shared) {
 }
 
 TEST(SingleCopy, APeerKilledMidRunIsAPeerLostErrorOnEverySurvivor) {
-  if (transport::shm::allowedCores() < 2) {
+  if (transport::messaging::allowedCores() < 2) {
     GTEST_SKIP() << "one core: two ranks would not read across (the staged path is theirs)";
   }
   {

@@ -16,9 +16,9 @@
 
 #include "base/error.h"
 #include "tests/test_util.h"
-#include "transport/shm/shm_segment.h"
+#include "transport/links/shm/shm_segment.h"
 
-namespace railshard::transport::shm {
+namespace railshard::transport::links::shm {
 namespace {
 
 int countNames(const std::string& prefix) {
@@ -117,4 +117,4 @@ TEST(ShmSegment, KilledJobLeavesNoLitter) {
 }
 
 }  // namespace
-}  // namespace railshard::transport::shm
+}  // namespace railshard::transport::links::shm

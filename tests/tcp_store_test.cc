@@ -16,7 +16,7 @@
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
 #include "tests/test_util.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::launcher {
 namespace {

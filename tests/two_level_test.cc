@@ -24,7 +24,6 @@
 #include "tests/multi_host.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
-#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace railshard {

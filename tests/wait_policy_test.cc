@@ -1,4 +1,4 @@
-// How shared-memory waits pass the time (transport/shm/wait_policy.h, machine_load.h):
+// How shared-memory waits pass the time (transport/messaging/wait_policy.h, machine_load.h):
 // planWait on synthetic machines; the machine's input read from the real machine (an affinity
 // mask; a real cgroup v1 quota fitted by init()); every RAILSHARD_WAIT mode exact through a
 // communicator.
@@ -19,16 +19,16 @@
 #include "core/communicator.h"
 #include "launcher/cgroup.h"
 #include "tests/test_util.h"
-#include "transport/shm/machine_load.h"
-#include "transport/shm/wait_policy.h"
+#include "transport/messaging/machine_load.h"
+#include "transport/messaging/wait_policy.h"
 
 namespace railshard {
 namespace {
 
 using std::chrono::microseconds;
-using transport::shm::MachineState;
-using transport::shm::planWait;
-using transport::shm::WaitPlan;
+using transport::messaging::MachineState;
+using transport::messaging::planWait;
+using transport::messaging::WaitPlan;
 
 const Duration kSpin = microseconds(2000);
 
@@ -88,7 +88,7 @@ int inChild(const std::function<int()>& fn) {
 }
 
 TEST(MachineLoad, AllowedCoresFollowTheAffinityMask) {
-  const unsigned all = transport::shm::allowedCores();
+  const unsigned all = transport::messaging::allowedCores();
   EXPECT_GE(all, 1u);
   EXPECT_LE(all, std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_EQ(inChild([] {
@@ -96,7 +96,7 @@ TEST(MachineLoad, AllowedCoresFollowTheAffinityMask) {
               CPU_ZERO(&one);
               CPU_SET(0, &one);
               if (sched_setaffinity(0, sizeof(one), &one) != 0) return 99;
-              return static_cast<int>(transport::shm::allowedCores());
+              return static_cast<int>(transport::messaging::allowedCores());
             }),
             1);
 }

@@ -1,7 +1,7 @@
 #pragma once
 
 // The NCCL calls railshard needs, loaded with dlopen so that librailshard has no link
-// dependency on NCCL (as transport/ibverbs/cuda_driver.h does for libcuda): the library loads
+// dependency on NCCL (as transport/cuda_driver.h does for libcuda): the library loads
 // and runs its host and staging paths on machines without NCCL. The library is
 // RAILSHARD_NCCL_LIBRARY when set, else "libnccl.so.2". Types and enum values are spelled out
 // here (values from nccl.h, stable since NCCL 2.10) instead of including nccl.h;

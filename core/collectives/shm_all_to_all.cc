@@ -10,7 +10,7 @@
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/copy.h"
-#include "transport/shm/cross_memory.h"
+#include "transport/links/shm/cross_memory.h"
 
 namespace railshard::collectives {
 
@@ -99,7 +99,7 @@ void ShmEngine::allToAll(const void* send, const std::vector<size_t>& send_count
         if (s == me || recv_counts[s] == 0) continue;
         const auto* published =
             reinterpret_cast<const uint64_t*>(segment_->inSlot(static_cast<int>(s), step_));
-        transport::shm::readFromProcess(segment_->control(static_cast<int>(s)).pid.load(),
+        transport::links::shm::readFromProcess(segment_->control(static_cast<int>(s)).pid.load(),
                                         published[3 * n] + published[2 * n + me] * element,
                                         out + recv_displs[s] * element, recv_counts[s] * element);
       }

@@ -16,13 +16,13 @@
 #include "core/collective_tag.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
-#include "transport/shm/machine_load.h"
-#include "transport/shm/shared_buffers.h"
+#include "transport/messaging/machine_load.h"
+#include "transport/links/shm/shared_buffers.h"
 
 namespace railshard::collectives {
 
-using transport::shm::FutexWord;
-using transport::shm::RankControl;
+using transport::messaging::FutexWord;
+using transport::links::shm::RankControl;
 
 namespace {
 
@@ -66,7 +66,7 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
 }  // namespace
 
-ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
+ShmEngine::ShmEngine(std::unique_ptr<transport::links::shm::ShmSegment> segment, int rank, int size,
                      Duration timeout, Duration spin, std::vector<int> names, WaitMode wait)
     : segment_(std::move(segment)),
       rank_(rank),
@@ -74,11 +74,11 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int ra
       timeout_(timeout),
       names_(std::move(names)) {
   segment_->control(rank_).pid.store(static_cast<int32_t>(::getpid()));
-  peer_mappings_ = std::make_unique<transport::shm::PeerMappings>();
-  transport::shm::MachineState machine;
-  machine.cores = transport::shm::allowedCores();
+  peer_mappings_ = std::make_unique<transport::links::shm::PeerMappings>();
+  transport::messaging::MachineState machine;
+  machine.cores = transport::messaging::allowedCores();
   machine.local_ranks = static_cast<unsigned>(size_);
-  wait_plan_ = transport::shm::planWait(wait, machine, spin);
+  wait_plan_ = transport::messaging::planWait(wait, machine, spin);
   cores_ = machine.cores;
 }
 
@@ -259,7 +259,7 @@ void ShmEngine::allreduceDirect(const void* send, void* recv, size_t count, Data
   const size_t bytes = count * sizeOf(dtype);
   beginStep(tag);
   // Small messages travel inside the step box, next to the flag and header.
-  const bool inline_data = bytes <= transport::shm::kInlineBytes;
+  const bool inline_data = bytes <= transport::links::shm::kInlineBytes;
   auto dataOf = [&](int r) -> uint8_t* {
     return inline_data ? segment_->control(r).box[step_ & 1u].inline_data
                        : segment_->inSlot(r, step_);

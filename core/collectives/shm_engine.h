@@ -11,10 +11,10 @@
 #include "base/error.h"
 #include "base/types.h"
 #include "transport/message_tag.h"
-#include "transport/shm/shm_segment.h"
-#include "transport/shm/wait_policy.h"
+#include "transport/links/shm/shm_segment.h"
+#include "transport/messaging/wait_policy.h"
 
-namespace railshard::transport::shm {
+namespace railshard::transport::links::shm {
 class PeerMappings;
 }
 
@@ -35,7 +35,7 @@ class ShmEngine {
   // `spin`: how long a wait polls before sleeping (Config::spin). `names`: the communicator's
   // rank of each of the segment's ranks, for messages (one host of several: its ranks are
   // 0..size-1 here but not in the communicator); empty = the same numbers.
-  ShmEngine(std::unique_ptr<transport::shm::ShmSegment> segment, int rank, int size,
+  ShmEngine(std::unique_ptr<transport::links::shm::ShmSegment> segment, int rank, int size,
             Duration timeout, Duration spin, std::vector<int> names = {},
             WaitMode wait = WaitMode::kAuto);
   ~ShmEngine();
@@ -75,7 +75,7 @@ class ShmEngine {
 
   size_t slotBytes() const { return segment_->slotBytes(); }
   // The segment, for the host's point-to-point messages (core/shm_messages.h).
-  transport::shm::ShmSegment& segment() { return *segment_; }
+  transport::links::shm::ShmSegment& segment() { return *segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   // All-reduces of at least this many bytes read the peers' buffers in place when every rank
@@ -108,7 +108,7 @@ class ShmEngine {
   void publishPosted();
   void publishReduced();
   void wakeEveryone();
-  void waitFor(int peer, transport::shm::FutexWord& word, uint32_t target, const char* what);
+  void waitFor(int peer, transport::messaging::FutexWord& word, uint32_t target, const char* what);
   void waitPosted(int peer);  // plus the header check
   void waitAllPosted();
   void reduceAll(void* out, const void* const* sources, size_t count, DataType dtype, ReduceOp op);
@@ -120,20 +120,20 @@ class ShmEngine {
   [[noreturn]] void throwAborted();
   void checkPeerAlive(int peer, const char* what);
 
-  std::unique_ptr<transport::shm::ShmSegment> segment_;
+  std::unique_ptr<transport::links::shm::ShmSegment> segment_;
   int rank_;
   int size_;
   Duration timeout_;
   uint32_t step_ = 0;
   transport::MessageTag tag_;  // collective of the current step
   std::vector<int> names_;
-  // How waits poll (transport/shm/wait_policy.h), planned once from the cores.
-  transport::shm::WaitPlan wait_plan_;
+  // How waits poll (transport/messaging/wait_policy.h), planned once from the cores.
+  transport::messaging::WaitPlan wait_plan_;
   unsigned cores_ = 1;  // cores this rank may run on (the single copy reads across within them)
   size_t single_copy_bytes_ = 0;
   bool cross_read_ = false;
   // The peers' shared regions this rank mapped (shm_single_copy.cc).
-  std::unique_ptr<transport::shm::PeerMappings> peer_mappings_;
+  std::unique_ptr<transport::links::shm::PeerMappings> peer_mappings_;
   std::function<void()> health_check_;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };

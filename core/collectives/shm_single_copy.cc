@@ -28,8 +28,8 @@
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/copy.h"
-#include "transport/shm/cross_memory.h"
-#include "transport/shm/shared_buffers.h"
+#include "transport/links/shm/cross_memory.h"
+#include "transport/links/shm/shared_buffers.h"
 
 namespace railshard::collectives {
 
@@ -52,8 +52,8 @@ constexpr size_t kCrossMemoryMostBytes = size_t{32} << 20;
 struct BufferPlaces {
   uint64_t send;
   uint64_t recv;
-  transport::shm::SharedRef send_ref;
-  transport::shm::SharedRef recv_ref;
+  transport::links::shm::SharedRef send_ref;
+  transport::links::shm::SharedRef recv_ref;
   uint64_t reads_across;  // 1: this rank would take the single copy with process_vm_readv
 };
 
@@ -71,8 +71,8 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
   // 1. Where this rank's buffers are, in its in-slot of this step (unused otherwise).
   beginStep(tag);
   BufferPlaces mine{reinterpret_cast<uint64_t>(send), reinterpret_cast<uint64_t>(recv),
-                    transport::shm::findShared(send, bytes),
-                    transport::shm::findShared(recv, bytes),
+                    transport::links::shm::findShared(send, bytes),
+                    transport::links::shm::findShared(recv, bytes),
                     static_cast<uint64_t>(cross_read_ && static_cast<unsigned>(size_) <= cores_ &&
                                           bytes <= kCrossMemoryMostBytes)};
   std::memcpy(segment_->inSlot(rank_, step_), &mine, sizeof(mine));
@@ -129,7 +129,7 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
           sources[r] = their_send[r] + offset;
         } else {
           scratch[r].resize(take * element);
-          transport::shm::readFromProcess(pid[r], theirs[r].send + offset, scratch[r].data(),
+          transport::links::shm::readFromProcess(pid[r], theirs[r].send + offset, scratch[r].data(),
                                           take * element);
           sources[r] = scratch[r].data();
         }
@@ -154,7 +154,7 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
           kernels::copy(out + from, their_recv[r] + from, length_bytes);
         }
       } else {
-        transport::shm::readFromProcess(pid[r], theirs[r].recv + from, out + from, length_bytes);
+        transport::links::shm::readFromProcess(pid[r], theirs[r].recv + from, out + from, length_bytes);
       }
     }
   } catch (const Error& e) {

@@ -14,7 +14,7 @@
 #include "base/error.h"
 #include "launcher/job_token.h"
 #include "launcher/tcp_store_server.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace {
 
@@ -125,8 +125,8 @@ int serve(const Arguments& args) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  const auto addr = railshard::transport::tcp::resolve(
-      railshard::transport::tcp::joinHostPort(args.host, args.port), "--host/--port");
+  const auto addr = railshard::transport::links::tcp::resolve(
+      railshard::transport::links::tcp::joinHostPort(args.host, args.port), "--host/--port");
   railshard::launcher::TcpStoreServer server(addr, token);
   // Listening everywhere: tell clients this host's name, which other hosts can reach.
   std::string host = args.host;
@@ -134,7 +134,7 @@ int serve(const Arguments& args) {
     char name[256] = {};
     if (::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') host = name;
   }
-  const std::string where = railshard::transport::tcp::joinHostPort(host, server.port());
+  const std::string where = railshard::transport::links::tcp::joinHostPort(host, server.port());
   std::printf("RAILSHARD_STORE_ADDR=%s\n", where.c_str());
   if (made) std::printf("RAILSHARD_TOKEN=%s\n", token.c_str());
   std::fflush(stdout);

@@ -17,7 +17,7 @@
 #include "launcher/init.h"
 #include "launcher/interfaces.h"
 #include "python/csrc/c10d_store.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 
 namespace railshard::python {
 namespace {
@@ -52,7 +52,7 @@ std::string advertiseHost(const Config& config, const c10::intrusive_ptr<c10d::S
     if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master) {
       host = master;
     } else if (const char* addr = std::getenv("RAILSHARD_STORE_ADDR"); addr != nullptr && *addr) {
-      host = transport::tcp::splitHostPort(addr, "RAILSHARD_STORE_ADDR").first;
+      host = transport::links::tcp::splitHostPort(addr, "RAILSHARD_STORE_ADDR").first;
     }
   }
   return launcher::advertiseAddress(config.socket_ifname, host);

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "transport/ibverbs/cuda_driver.h"
+#include "transport/cuda_driver.h"
 #include "transport/ibverbs/registration_cache.h"
 #include "transport/ibverbs/verbs_api.h"
 

@@ -6,9 +6,8 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "transport/ibverbs/hca_discovery.h"
-#include "transport/ibverbs/ibverbs_transport.h"
 #include "transport/ibverbs/verbs_api.h"
-#include "transport/shm/host_identity.h"
+#include "transport/links/shm/host_identity.h"
 
 namespace railshard::transport::ibverbs {
 
@@ -86,7 +85,7 @@ std::unique_ptr<Transport> wrapWithIbverbs(Store& store, const FactoryOptions& o
   }
   // Every rank says whether it can use RDMA and where it runs, so that every pair decides the
   // same way on both ends.
-  const std::string host = shm::hostIdentity();
+  const std::string host = links::shm::hostIdentity();
   const auto key = [&](int r) { return options.key_prefix + "/ib/avail/" + std::to_string(r); };
   store.setString(key(options.rank), (usable ? "1|" : "0|") + host + "|" + found.why_none, timeout);
   std::vector<bool> rdma_peers(static_cast<size_t>(options.size), false);
@@ -118,8 +117,8 @@ std::unique_ptr<Transport> wrapWithIbverbs(Store& store, const FactoryOptions& o
   }
   RS_LOG_INFO("rank {}: RDMA over {} (run on Soft-RoCE, not yet on RDMA hardware: docs/rdma.md)",
               options.rank, rails);
-  return std::make_unique<IbverbsTransport>(store, *VerbsApi::get(), options, found.ports,
-                                            std::move(rdma_peers), std::move(control));
+  // TEMPORARY (lanes move under the messenger): RDMA pairs stay on TCP.
+  return control;
 }
 
 }  // namespace railshard::transport::ibverbs

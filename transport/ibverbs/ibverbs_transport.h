@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "transport/ibverbs/credit_window.h"
-#include "transport/ibverbs/cuda_driver.h"
+#include "transport/cuda_driver.h"
 #include "transport/ibverbs/hca_discovery.h"
 #include "transport/ibverbs/ibverbs_factory.h"
 #include "transport/ibverbs/qp_params.h"

@@ -2,8 +2,8 @@
 
 namespace railshard::transport::messaging {
 
-MessageBook::MessageBook(int my_rank, int peer, const TagFormatter* formatter, Pieces pieces)
-    : my_rank_(my_rank), peer_(peer), formatter_(formatter), pieces_(pieces) {}
+MessageBook::MessageBook(int my_rank, int peer, const TagFormatter* formatter)
+    : my_rank_(my_rank), peer_(peer), formatter_(formatter) {}
 
 std::string MessageBook::from() const {
   return "rank " + std::to_string(my_rank_) + ": rank " + std::to_string(peer_);
@@ -84,10 +84,6 @@ MessageBook::Arrival MessageBook::arrive(const PieceInfo& piece,
   auto found = incoming_.find(piece.message);
   if (found == incoming_.end()) {
     if (piece.message < next_recv_) {
-      if (duplicates_possible_ && pieces_ == Pieces::kWhole) {
-        result.duplicate = true;
-        return result;
-      }
       return fail(ErrorKind::kProtocol, from() + " sent more of message " +
                                             std::to_string(piece.message) +
                                             ", which was already complete");
@@ -118,15 +114,6 @@ MessageBook::Arrival MessageBook::arrive(const PieceInfo& piece,
     return fail(ErrorKind::kProtocol, from() + " sent pieces of message " +
                                           std::to_string(piece.message) +
                                           " that disagree on its tag or size");
-  }
-  if (pieces_ == Pieces::kWhole && !entry.offsets.insert(piece.offset).second) {
-    if (duplicates_possible_) {
-      result.duplicate = true;
-      return result;
-    }
-    return fail(ErrorKind::kProtocol, from() + " sent the piece at " +
-                                          std::to_string(piece.offset) + " of message " +
-                                          std::to_string(piece.message) + " twice");
   }
   if (entry.landed + piece.length > entry.total) {
     return fail(ErrorKind::kProtocol, from() + " sent more bytes of message " +

@@ -6,7 +6,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -28,16 +27,13 @@ struct Problem {
   std::string text;
 };
 
-// What a piece of a message says about itself on arrival (its wire header, whatever the link).
+// What a piece of a message says about itself on arrival (its frame header, whatever the link).
 struct PieceInfo {
   uint64_t message = 0;  // per-peer message number
   MessageTag tag;
   uint64_t total = 0;  // bytes of the whole message
   uint64_t offset = 0;
   uint64_t length = 0;
-  // Sent again after the link it first went on failed: it may have landed already
-  // (Pieces::kWhole), so from now on duplicates are dropped (allowDuplicates()).
-  bool resend = false;
 };
 
 // One message being received from the peer: a posted receive, or one whose first piece came
@@ -51,7 +47,6 @@ struct Incoming {
   uint8_t* user = nullptr;      // that receive's buffer
   bool staging = false;         // pieces land in `staged`, not in `user`
   std::vector<uint8_t> staged;  // the early message (staging only)
-  std::set<uint64_t> offsets;   // pieces seen (Pieces::kWhole)
   uint8_t* base() { return staging ? staged.data() : user; }
 };
 using IncomingPtr = std::shared_ptr<Incoming>;
@@ -61,18 +56,14 @@ using IncomingPtr = std::shared_ptr<Incoming>;
 // messages staged until their receive is posted, and every check an arriving piece passes
 // before a byte of it lands: the collective tag and size against the posted receive (a
 // MismatchError names both sides), a piece of a message already complete, pieces that
-// disagree, a piece beyond its message. One implementation for every transport (TCP
-// connections, RDMA lanes); pure logic, no I/O and no lock (the caller holds its peer's), so
-// it is tested on synthetic arrivals.
+// disagree, a piece beyond its message. Pieces land whole or not at all (a link that breaks
+// mid-piece lands nothing of it; the messenger re-sends it whole on another link, and never
+// twice: messenger.h), so they are counted in bytes. Pure logic, no I/O and no lock (the
+// caller holds its peer's), so it is tested on synthetic arrivals.
 class MessageBook {
  public:
-  // How the links deliver pieces. kStream: in order per link, a piece possibly cut short by
-  // a link failure (the rest re-sent): bytes are counted (TCP). kWhole: a piece arrives whole
-  // or not at all, possibly twice after a failover: pieces are told apart by offset (RDMA).
-  enum class Pieces : uint8_t { kStream, kWhole };
   // `formatter` words tags and disagreements for error texts; it must outlive the book.
-  MessageBook(int my_rank, int peer, const TagFormatter* formatter,
-              Pieces pieces = Pieces::kStream);
+  MessageBook(int my_rank, int peer, const TagFormatter* formatter);
 
   // The number of the next message sent to the peer.
   uint64_t numberSend() { return next_send_++; }
@@ -97,25 +88,15 @@ class MessageBook {
   // A piece arrives; `unsolicited` says whether a message nobody asked for yet is of another
   // collective than the one this rank is in (the mismatch text), as CurrentCollective does.
   struct Arrival {
-    IncomingPtr entry;       // where it goes: entry->base() + offset; null when dropped or wrong
-    bool duplicate = false;  // a re-sent piece seen already (allowDuplicates): drop it
+    IncomingPtr entry;  // where it goes: entry->base() + offset; null when wrong
     std::optional<Problem> problem;
   };
   using UnsolicitedCheck = std::function<std::optional<std::string>(const MessageTag&)>;
   Arrival arrive(const PieceInfo& piece, const UnsolicitedCheck& unsolicited);
-  // `bytes` of the message landed where arrive() said (a whole piece, or what a failed link
-  // carried of one before it broke). Returns the entry when that completed a posted receive:
-  // the caller copies `staged` into `user` when `staging`, then completes `request`.
+  // `bytes` of the message landed where arrive() said (a whole piece). Returns the entry when
+  // that completed a posted receive: the caller copies `staged` into `user` when `staging`,
+  // then completes `request`.
   IncomingPtr landed(uint64_t message, Incoming& entry, uint64_t bytes);
-
-  // A piece (Pieces::kWhole) that arrived but landed nothing, because the link carrying it
-  // broke: it will come again at the same offset on another link, and is no duplicate then.
-  void withdraw(Incoming& entry, uint64_t offset) { entry.offsets.erase(offset); }
-
-  // From now on a piece may arrive twice (a link failed after the piece landed but before it
-  // was acknowledged, and it was re-sent on another): duplicates are dropped instead of being
-  // protocol errors (Pieces::kWhole; a stream never repeats itself).
-  void allowDuplicates() { duplicates_possible_ = true; }
 
   // Whether a posted receive waits for a message numbered `from` or later.
   bool awaitsFrom(uint64_t from) const;
@@ -133,10 +114,8 @@ class MessageBook {
   int my_rank_;
   int peer_;
   const TagFormatter* formatter_;
-  Pieces pieces_;
   uint64_t next_send_ = 0;
   uint64_t next_recv_ = 0;
-  bool duplicates_possible_ = false;
   std::map<uint64_t, IncomingPtr> incoming_;  // by message number
 };
 

@@ -16,7 +16,7 @@
 #include "transport/messaging/current_collective.h"
 #include "transport/messaging/piece_link.h"
 #include "transport/tcp/frame.h"
-#include "transport/tcp/socket.h"
+#include "transport/links/tcp/socket.h"
 #include "transport/transport.h"
 
 namespace railshard::transport::tcp {

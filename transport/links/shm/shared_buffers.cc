@@ -1,0 +1,150 @@
+#include "transport/links/shm/shared_buffers.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "base/error.h"
+
+namespace railshard::transport::links::shm {
+namespace {
+
+struct Region {
+  size_t bytes;
+  int fd;
+  uint32_t serial;
+};
+
+// Regions of this process by start address.
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, Region> regions;
+  uint32_t next_serial = 1;
+};
+
+Registry& registry() {
+  static Registry* instance = new Registry();  // never destroyed: used until exit
+  return *instance;
+}
+
+std::string errnoText() {
+  return std::strerror(errno);
+}
+
+}  // namespace
+
+void* allocateShared(size_t bytes) {
+  if (bytes == 0) throw InvalidArgument("allocateShared: 0 bytes");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t rounded = (bytes + page - 1) / page * page;
+  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "railshard-buffer", 0));
+  if (fd < 0) throw Error("allocateShared: memfd_create failed: " + errnoText());
+  if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
+    const std::string why = errnoText();
+    ::close(fd);
+    throw Error("allocateShared: cannot size a region of " + std::to_string(rounded) +
+                " bytes: " + why);
+  }
+  void* base = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const std::string why = errnoText();
+    ::close(fd);
+    throw Error("allocateShared: cannot map " + std::to_string(rounded) + " bytes: " + why);
+  }
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.regions[reinterpret_cast<uintptr_t>(base)] = Region{rounded, fd, r.next_serial++};
+  if (r.next_serial == 0) r.next_serial = 1;
+  return base;
+}
+
+void releaseShared(void* address) {
+  Registry& r = registry();
+  Region region{};
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.regions.find(reinterpret_cast<uintptr_t>(address));
+    if (it == r.regions.end()) {
+      throw InvalidArgument(
+          "releaseShared: " + std::to_string(reinterpret_cast<uintptr_t>(address)) +
+          " is not a region allocateShared returned");
+    }
+    region = it->second;
+    r.regions.erase(it);
+  }
+  ::munmap(address, region.bytes);
+  ::close(region.fd);
+}
+
+SharedRef findShared(const void* address, size_t bytes) {
+  Registry& r = registry();
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.regions.upper_bound(at);
+  if (it == r.regions.begin()) return {};
+  --it;
+  const uintptr_t begin = it->first;
+  if (at < begin || at - begin > it->second.bytes || bytes > it->second.bytes - (at - begin)) {
+    return {};
+  }
+  SharedRef ref;
+  ref.fd = static_cast<uint32_t>(it->second.fd);
+  ref.serial = it->second.serial;
+  ref.offset = at - begin;
+  ref.region_bytes = it->second.bytes;
+  return ref;
+}
+
+PeerMappings::~PeerMappings() {
+  for (auto& [key, mapping] : mapped_) ::munmap(mapping.base, mapping.bytes);
+}
+
+const uint8_t* PeerMappings::map(int pid, const SharedRef& ref) {
+  if (ref.serial == 0) return nullptr;
+  const auto key = std::make_pair(pid, ref.serial);
+  if (auto it = mapped_.find(key); it != mapped_.end() && it->second.bytes >= ref.region_bytes) {
+    it->second.used = ++uses_;
+    return static_cast<const uint8_t*>(it->second.base) + ref.offset;
+  }
+  if (refused_.count(pid) != 0) return nullptr;
+  // A copy of the peer's memfd descriptor, then a mapping of it: needs the same permission as
+  // process_vm_readv (PTRACE_MODE_ATTACH); kernels before 5.6 have no pidfd_getfd.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  int fd = -1;
+  if (pidfd >= 0) {
+    fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, static_cast<int>(ref.fd), 0));
+    ::close(pidfd);
+  }
+  struct stat info {};
+  void* base = MAP_FAILED;
+  if (fd >= 0 && ::fstat(fd, &info) == 0 &&
+      static_cast<uint64_t>(info.st_size) >= ref.region_bytes) {
+    base = ::mmap(nullptr, ref.region_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  if (fd >= 0) ::close(fd);
+  if (base == MAP_FAILED) {
+    refused_[pid] = true;
+    return nullptr;
+  }
+  if (mapped_.size() >= kMaxMapped) {
+    auto oldest = mapped_.begin();
+    for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
+      if (it->second.used < oldest->second.used) oldest = it;
+    }
+    ::munmap(oldest->second.base, oldest->second.bytes);
+    mapped_.erase(oldest);
+  }
+  if (auto it = mapped_.find(key); it != mapped_.end()) {
+    ::munmap(it->second.base, it->second.bytes);  // mapped smaller before: replaced
+  }
+  mapped_[key] = Mapping{base, ref.region_bytes, ++uses_};
+  return static_cast<const uint8_t*>(base) + ref.offset;
+}
+
+}  // namespace railshard::transport::links::shm
