@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "base/trace.h"
+#include "core/channels.h"
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"
@@ -26,38 +27,11 @@
 #include "kernels/reduce.h"
 #include "transport/links/shm/host_identity.h"
 #include "transport/links/shm/shm_segment.h"
-#include "transport/links/tcp/tcp_mesh.h"
-#include "transport/messaging/machine_load.h"
+
 
 namespace railshard {
 
 namespace {
-
-// The rails between this rank's host and every other rank's, from the cluster graph: the TCP
-// transport opens a connection on each and stripes messages over them. Ranks on this host,
-// and rails without IP addresses (native InfiniBand), get none.
-std::vector<std::vector<transport::links::tcp::RailSpec>> railsToPeers(
-    const Communicator::Options& options) {
-  std::vector<std::vector<transport::links::tcp::RailSpec>> result(
-      static_cast<size_t>(options.size));
-  const topology::Topology* graph = options.topology.get();
-  if (graph == nullptr || graph->worldSize() != options.size) return result;
-  const std::string& mine = graph->rank(options.rank).host;
-  for (int peer = 0; peer < options.size; ++peer) {
-    const std::string& theirs = graph->rank(peer).host;
-    if (peer == options.rank || theirs == mine) continue;
-    for (const auto& rail : graph->rails(mine, theirs)) {
-      if (rail.address_a.empty() || rail.address_b.empty()) continue;
-      transport::links::tcp::RailSpec spec;
-      spec.name = graph->vertex(rail.nic_a).name;
-      spec.local_address = rail.address_a;
-      spec.remote_address = rail.address_b;
-      spec.gbps = rail.gbps();
-      result[static_cast<size_t>(peer)].push_back(spec);
-    }
-  }
-  return result;
-}
 
 // How often a rank's position (the collective it is in) reaches the store; a timeout's
 // diagnosis is as fresh as this.
@@ -85,24 +59,14 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   RS_LOG_DEBUG("rank {}: reduction kernels: {}", options.rank, kernels::activeIsa());
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
-  transport::links::tcp::MeshOptions tcp;
-  tcp.connect.rank = options.rank;
-  tcp.connect.size = options.size;
-  tcp.connect.token = options.config.token;
-  tcp.connect.advertise_host = options.advertise_host;
-  tcp.connect.key_prefix = options.key_prefix;
-  tcp.connect.connect_timeout = options.config.connect_timeout;
-  tcp.connect.peer_rails = railsToPeers(options);
-  tcp.connect.sockets_per_rail = options.config.sockets_per_rail;
-  tcp.formatter = tagFormatter();
-  tcp.rail_weights = options.config.rail_weights;
-  tcp.rail_timeout = std::chrono::duration_cast<Duration>(options.config.rail_timeout);
-  tcp.heartbeat_timeout = std::chrono::duration_cast<Duration>(options.config.heartbeat_timeout);
-  transport::messaging::MachineState machine;
-  machine.cores = transport::messaging::allowedCores();
-  tcp.wait = transport::messaging::planWait(options.config.wait, machine,
-                                            std::chrono::duration_cast<Duration>(options.config.spin));
-  std::unique_ptr<transport::Transport> transport = transport::links::tcp::connectMesh(store, tcp);
+  ChannelOptions channels;
+  channels.rank = options.rank;
+  channels.size = options.size;
+  channels.key_prefix = options.key_prefix;
+  channels.advertise_host = options.advertise_host;
+  channels.config = &options.config;
+  channels.topology = options.topology.get();
+  std::unique_ptr<transport::Transport> transport = connectChannels(store, channels);
   std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
   communicator->setUpSharedMemory(store, options.key_prefix);
   // One host's ranks share a segment: all of them (shm_) or this host's of several (host_shm_).

@@ -64,11 +64,19 @@ TEST_F(OverEmulation, LazyLanesConnectOnlyThePairsARingAllreduceUses) {
     Config config = rdmaConfig();
     config.ib_connect = connect;
     config.algorithm = "ring";
+    std::atomic<int> looked{0};
     std::atomic<int> finished{0};
     std::atomic<bool> counted{false};
     test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
       const auto rank = static_cast<size_t>(comm.rank());
       if (lazy) before[rank] = viewOf(comm);
+      // Traffic starts once every rank has looked (a faster rank's first send would connect
+      // its neighbours' lanes before they looked).
+      ++looked;
+      const auto start_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (looked.load() < kSize && std::chrono::steady_clock::now() < start_by) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       checkAllreducesAndBroadcast(comm, {1, 1000, 100000}, 0);
       // A ring broadcast goes round the ring too: still only neighbours.
       if (lazy) after[rank] = viewOf(comm);
@@ -167,12 +175,19 @@ TEST_F(OverEmulation, AutoConnectsEagerlyUpToEightPeersAndLazilyBeyond) {
     Config config = rdmaConfig();  // RAILSHARD_IB_CONNECT=auto
     config.algorithm = "ring";
     std::vector<LaneView> at_start(static_cast<size_t>(size)), after(static_cast<size_t>(size));
+    std::atomic<int> finished{0};
     test::rethrowFirst(withRanks(size, config, [&](Communicator& comm) {
       const auto rank = static_cast<size_t>(comm.rank());
       at_start[rank] = viewOf(comm);
       checkAllreducesAndBroadcast(comm, {1000}, 1);
       after[rank] = viewOf(comm);
-      comm.barrier();
+      // Every rank stays until all have looked (no collective: a barrier's pairs would connect
+      // more lanes while a slower rank has yet to look).
+      ++finished;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (finished.load() < size && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }));
     for (int r = 0; r < size; ++r) {
       const auto& start = at_start[static_cast<size_t>(r)];

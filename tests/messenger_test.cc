@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "tests/fakes/fake_link.h"
 #include "transport/messaging/mesh.h"
+#include "transport/messaging/rendezvous.h"
 
 namespace railshard::test {
 namespace {
@@ -365,6 +366,36 @@ TEST(Messenger, LinksConnectedOnFirstUseCarryTheSendsMadeBefore) {
   EXPECT_EQ(pair.fake[1][1]->completed_with, "answer-1");
   EXPECT_EQ(pair.m[0]->bytesSent(1), sent.size());
   EXPECT_EQ(pair.m[0]->bytesSent(0), 0u) << "the control link carries no data";
+}
+
+// What an offer or a grant carries: the buffer's address and one key per link of the pair.
+TEST(MemoryDescriptor, RoundTripsAndRejectsWhatDoesNotFitThePair) {
+  using transport::messaging::MemoryDescriptor;
+  MemoryDescriptor in;
+  in.address = 0x7f00123456789000ull;
+  in.keys = {0, 0x11223344u, 0xa5a5a5a5u};
+  const std::string text = in.encode();
+  const std::vector<uint8_t> bytes(text.begin(), text.end());
+  ASSERT_EQ(bytes.size(), 34u);
+  const MemoryDescriptor out = MemoryDescriptor::decode(bytes, 3);
+  EXPECT_EQ(out.address, in.address);
+  EXPECT_EQ(out.keys, in.keys);
+  auto expectRejected = [](const std::vector<uint8_t>& b, size_t links, const std::string& what) {
+    try {
+      MemoryDescriptor::decode(b, links);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expectRejected(bytes, 4, "of 34 bytes (expected 42 for 4 links)");
+  std::vector<uint8_t> four = bytes;
+  four[8] = 4;  // claims four keys in the room of three
+  expectRejected(four, 3, "for 4 links on a pair of 3");
+  MemoryDescriptor null_address = in;
+  null_address.address = 0;
+  const std::string null_text = null_address.encode();
+  expectRejected(std::vector<uint8_t>(null_text.begin(), null_text.end()), 3, "null address");
 }
 
 }  // namespace

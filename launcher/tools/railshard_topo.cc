@@ -17,7 +17,7 @@
 #include "launcher/discovery/host_discovery.h"
 #include "launcher/environment.h"
 #include "launcher/init.h"
-#include "transport/ibverbs/ibverbs_factory.h"
+#include "transport/links/ibverbs/ibverbs_factory.h"
 
 namespace {
 
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
   if (args.rdma) {
     try {
       const railshard::Config config = railshard::Config::fromEnvironment();
-      std::cout << railshard::transport::ibverbs::describeRdma(config.ib_hca, config.ib_gid_index);
+      std::cout << railshard::transport::links::ibverbs::describeRdma(config.ib_hca, config.ib_gid_index);
       return 0;
     } catch (const railshard::Error& e) {
       std::cerr << "railshard-topo: " << e.what() << "\n";

@@ -9,6 +9,8 @@ namespace railshard::transport::links {
 class Driver {
  public:
   virtual ~Driver() = default;
+  // Starts its threads, once every link it made is in its messenger.
+  virtual void start() = 0;
   // Closing: lets what is queued go out, then waits (until `until`) for the peers to close
   // their ends too, so that nothing is reset while a peer may still read from it.
   virtual void linger(Deadline until) { (void)until; }

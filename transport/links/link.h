@@ -41,8 +41,9 @@ struct LinkAttributes {
   uint64_t max_payload = UINT64_MAX;
   Delivery delivery = Delivery::kAck;
   // Registers memory and reads or writes the peer's registered memory (a rendezvous moves a
-  // large message in place).
+  // large message in place); `reads`: it reads too (else the peer writes).
   bool one_sided = false;
+  bool reads = false;
   // Posts frames straight from GPU memory (GPUDirect); other links get a host copy.
   bool device_memory = false;
   // Ends when the peer's process ends (a socket: its kernel closes it): such a link closed by
@@ -57,6 +58,14 @@ struct LinkAttributes {
   // How often a failed link is made again; zero: it stays out.
   Duration rejoin_interval = std::chrono::seconds(1);
   const char* trace_name = "send";  // its pieces' name in the trace
+};
+
+// What a registration allows (registerMemory).
+enum MemoryAccess : int {
+  kLocalRead = 0,    // the link reads it (the source of writes)
+  kLocalWrite = 1,   // the link writes it (the destination of reads)
+  kRemoteRead = 2,   // the peer reads it (an offer)
+  kRemoteWrite = 4,  // the peer writes it (a grant)
 };
 
 // One region of this rank's memory registered with a link, for one-sided moves.
@@ -127,10 +136,10 @@ class Link {
 
   // One-sided moves (attributes().one_sided). Error naming why when the memory cannot be
   // registered.
-  virtual MemoryKey registerMemory(void* address, size_t bytes, bool remote_write) {
+  virtual MemoryKey registerMemory(void* address, size_t bytes, int access) {
     (void)address;
     (void)bytes;
-    (void)remote_write;
+    (void)access;
     return {};
   }
   virtual void deregister(MemoryKey& key) { key = {}; }

@@ -36,6 +36,7 @@ int Messenger::addLink(std::unique_ptr<links::Link> link, bool data, bool up) {
   state->state = up ? State::kUp : State::kConnecting;
   state->ever_up = up;
   state->quiesced = !up;
+  if (!up) state->down_reason = "not connected yet (connected when the pair first talks)";
   state->last_progress = state->last_heard = now();
   polled_ = polled_ || state->attributes().polled;
   if (data) {
@@ -54,7 +55,7 @@ int Messenger::addLink(std::unique_ptr<links::Link> link, bool data, bool up) {
   if (names.empty()) return links_.back()->index;
   scheduler_ = std::make_unique<rails::RailScheduler>(names, gbps);
   for (const auto& l : links_) {
-    if (l->data() && !l->up()) scheduler_->markDown(l->rail, "not connected yet");
+    if (l->data() && !l->up()) scheduler_->markDown(l->rail, l->down_reason);
   }
   return links_.back()->index;
 }
@@ -123,7 +124,8 @@ bool Messenger::lost() const {
 }
 
 bool Messenger::busyLocked() const {
-  if (!deferred_.empty() || book_.awaitsAny() || !moves_.empty() || !awaiting_.empty()) {
+  if (!deferred_.empty() || book_.awaitsAny() || !moves_.empty() || !offered_.empty() ||
+      !granted_.empty()) {
     return true;
   }
   for (const auto& l : links_) {
@@ -309,8 +311,6 @@ void Messenger::groupFailed(ErrorKind kind, const std::string& message, int lost
   deferred_.clear();
   book_.clear();
   dropRegistrationsLocked();
-  moves_.clear();
-  awaiting_.clear();
   if (!tell_peers || lost_) return;
   // On every link up (the first to arrive wins).
   FrameHeader abort;

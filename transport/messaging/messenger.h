@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -234,7 +235,10 @@ class Messenger {
   // messenger_links.cc
   void requeueUnpostedLocked(LinkState& link);
   void sendReportsLocked();
-  void onReportLocked(const FrameHeader& header);
+  // A kLinkDown report that arrived on `via`.
+  void onReportLocked(LinkState& via, const FrameHeader& header);
+  // "RDMA rail mlx5_0:1 to rank 3", "rail0 to rank 3": a link in messages.
+  std::string linkName(const LinkState& link) const;
   void resendLocked(LinkState& link, uint64_t consumed);
   // `complete`: it had completed on its link (not counted as unwritten any more).
   void resendFrameLocked(const OutFramePtr& frame, bool complete);
@@ -258,6 +262,14 @@ class Messenger {
   void onEndLocked(const FrameHeader& header);
   void pumpOneSidedLocked();
   void oneSidedFinishedLocked(const std::shared_ptr<Rendezvous>& move);
+  // Registers `move`'s local buffer with every one-sided data link up; false (nothing held)
+  // when a registration fails, with `why`.
+  bool registerLocked(Rendezvous& move, int access, std::string& why);
+  void deregisterLocked(Rendezvous& move);
+  // Cuts the move into pieces over the links where both sides registered its buffers.
+  void planMovesLocked(Rendezvous& move);
+  // An end (kReadDone / kWritten) of `move` behind its pieces on each link it used.
+  void sendEndsLocked(const Rendezvous& move, FrameKind kind);
   void failOverOneSidedLocked(LinkState& link);
   void dropRegistrationsLocked();
 
@@ -289,10 +301,15 @@ class Messenger {
   Clock::time_point heard_{};           // anything arrived from the peer
   Clock::time_point heartbeat_sent_{};  // last ping
   Clock::time_point last_tick_{};
-  // Rendezvous (messenger_rendezvous.cc).
-  std::vector<std::shared_ptr<Rendezvous>> moves_;  // one-sided moves this rank drives
-  std::vector<std::shared_ptr<Rendezvous>> awaiting_;  // offered or granted, waiting for ends
+  // Rendezvous (messenger_rendezvous.cc): the moves this rank drives (reads, or writes once
+  // granted), its offers waiting for the peer's ends or grant (by message), the grants it made
+  // waiting for the peer's ends (by message), and which move each posted piece belongs to.
+  std::vector<std::shared_ptr<Rendezvous>> moves_;
+  std::map<uint64_t, std::shared_ptr<Rendezvous>> offered_;
+  std::map<uint64_t, std::shared_ptr<Rendezvous>> granted_;
+  std::map<uint64_t, std::shared_ptr<Rendezvous>> cookies_;
   uint64_t next_cookie_ = 1;
+  bool registration_logged_ = false;  // "cannot register a send buffer" is said once
 };
 
 }  // namespace railshard::transport::messaging

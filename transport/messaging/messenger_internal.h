@@ -23,6 +23,12 @@ constexpr uint64_t kAckEveryBytes = uint64_t{256} << 10;
 constexpr uint64_t kMinStealBytes = uint64_t{64} << 10;
 // Rate samples shorter than this are latency, not bandwidth; they are not recorded.
 constexpr uint64_t kMinSampleBytes = uint64_t{128} << 10;
+// A rendezvous message is read (or written) in pieces of at most this: the unit the rail
+// scheduler times and a failed link's pieces move in. Depth x piece (2 MiB) is what a lane has
+// requested and not yet received: it must arrive well within the ACK timeout, or the requester
+// retries reads the responder is still serving (seen over rxe with 8 x 1 MiB and a 268 ms
+// timeout; 1 MiB pieces were no faster there than 256 KiB ones).
+constexpr uint64_t kOneSidedPieceBytes = uint64_t{256} << 10;
 
 struct Messenger::LinkState {
   std::unique_ptr<links::Link> link;
@@ -62,6 +68,7 @@ struct Messenger::LinkState {
   Clock::time_point pinged{};         // last ping sent for it (stall suspicion)
   uint64_t bytes_sent = 0;            // payload handed to it (of messages)
   uint64_t bytes_in_place = 0;        // of those, moved one-sided
+  Clock::time_point last_one_sided{};  // its last one-sided completion (service-time samples)
   int32_t trace_track = 0;
 
   const links::LinkAttributes& attributes() const { return link->attributes(); }

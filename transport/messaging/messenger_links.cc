@@ -79,6 +79,13 @@ void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_cl
     return;
   }
   if (!link.up()) return;
+  // After its goodbye on this link the peer sent nothing more on it: closed, not failed (its
+  // status stays as it was; nothing more goes to a peer that said goodbye).
+  if (link.bye && !book_.awaitsFrom(bye_messages_)) {
+    RS_LOG_DEBUG("rank {}: {} closed", group_.rank, linkName(link));
+    link.link->shutdown();
+    return;
+  }
   link.state = State::kDown;
   link.down_reason = why;
   link.quiesced = false;
@@ -88,11 +95,12 @@ void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_cl
   link.sample_open = false;
   if (link.data()) scheduler_->markDown(link.rail, why);
   link.link->shutdown();  // the peer, if it can still hear, sees the close at once
-  if (failed() || group_.failure->closing() || lost_) return;
-  // After its goodbye on this link the peer sent nothing more on it: closed, not failed.
-  if (link.bye && !book_.awaitsFrom(bye_messages_)) {
-    RS_LOG_DEBUG("rank {}: {} to rank {} closed", group_.rank, link.attributes().name,
-                 options_.peer);
+  if (failed() || group_.failure->closing() || lost_) {
+    // Survivors keep a failed group's links open until they re-form or give up; one that ends
+    // without a goodbye means the peer's process is gone (or left).
+    if (failed() && peer_closed && link.attributes().sees_peer_exit) {
+      group_.failure->recordLost(options_.peer, "its connection ended after this rank's failure");
+    }
     return;
   }
   const bool sees = link.attributes().sees_peer_exit;
@@ -172,7 +180,12 @@ void Messenger::sendReportsLocked() {
   }
 }
 
-void Messenger::onReportLocked(const FrameHeader& header) {
+std::string Messenger::linkName(const LinkState& link) const {
+  return std::string(link.attributes().kind == links::LinkKind::kRdma ? "RDMA rail " : "") +
+         link.attributes().name + " to rank " + std::to_string(options_.peer);
+}
+
+void Messenger::onReportLocked(LinkState& via, const FrameHeader& header) {
   if (header.link >= links_.size()) {
     failLocked(ErrorKind::kProtocol, "rank " + std::to_string(group_.rank) + ": " + peerName() +
                                          " reported link " + std::to_string(header.link) +
@@ -194,7 +207,12 @@ void Messenger::onReportLocked(const FrameHeader& header) {
   }
   // A report about an earlier life of a link that has since been re-made: stale.
   if (header.generation != link.generation) return;
-  if (link.up()) linkFailedLocked(link.index, "the peer took it out", false);
+  if (link.up()) {
+    linkFailedLocked(link.index,
+                     linkName(link) + ": rank " + std::to_string(options_.peer) +
+                         "'s side failed (it said so on " + linkName(via) + ")",
+                     false);
+  }
   if (lost_ || link.report_received || failed()) return;
   resendLocked(link, header.message);
 }

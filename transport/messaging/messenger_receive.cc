@@ -103,7 +103,7 @@ void Messenger::landedLocked(int index, const FrameHeader& header, Landing& land
       sendAckLocked(link, &link);
       break;
     case FrameKind::kLinkDown:
-      onReportLocked(header);
+      onReportLocked(link, header);
       break;
     case FrameKind::kAbort:
       onAbortLocked(header, std::string(landing.buffer.begin(), landing.buffer.end()));

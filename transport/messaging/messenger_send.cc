@@ -338,13 +338,13 @@ bool Messenger::stealForLocked(LinkState& idle) {
 }
 
 Messenger::LinkState* Messenger::controlLinkLocked() {
-  // A link that carries no data is idle: control frames go there first. Else the fastest data
-  // link (an acknowledgement queues behind data on the link it takes: a slow link's backlog
-  // would delay it and make that link look slower than it is).
-  for (auto& link : links_) {
-    if (link->up() && !link->data()) return link.get();
-  }
+  // The fastest data link up (an acknowledgement queues behind data on the link it takes: a
+  // slow link's backlog would delay it and make that link look slower than it is), else a link
+  // that carries control only.
   if (dataLinkUpLocked()) return &at(link_of_rail_[static_cast<size_t>(scheduler_->fastest())]);
+  for (auto& link : links_) {
+    if (link->up()) return link.get();
+  }
   return nullptr;
 }
 

@@ -40,7 +40,7 @@ class TcpDriver final : public Driver {
   // start(), once every link is in its messenger.
   std::unique_ptr<TcpLink> makeLink(Fd fd, LinkAttributes attributes, int peer, int channel,
                                     std::string target, std::string local_address);
-  void start();
+  void start() override;
   void linger(Deadline until) override;
   void stop() override;
 

@@ -1,0 +1,79 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/store.h"
+#include "transport/links/driver.h"
+#include "transport/links/link.h"
+#include "transport/messaging/failure_state.h"
+#include "transport/transport.h"
+
+namespace railshard::transport::links::ibverbs {
+
+// How the RDMA transport is asked for (RAILSHARD_TRANSPORT).
+enum class Mode : uint8_t {
+  kAuto,    // RDMA between ranks on different hosts when both have a usable port; else TCP
+  kForced,  // every pair over RDMA (ibverbs); an error naming what is missing otherwise
+};
+
+struct FactoryOptions {
+  int rank = 0;
+  int size = 1;
+  std::string key_prefix;
+  Duration connect_timeout = std::chrono::seconds(60);
+  Mode mode = Mode::kAuto;
+  std::string hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
+  int gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose (gid_table.h)
+  int ib_timeout = 18;            // RAILSHARD_IB_TIMEOUT (4.096 us * 2^n per retry)
+  int ib_retry_cnt = 7;           // RAILSHARD_IB_RETRY_CNT
+  int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
+  size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
+  // RAILSHARD_IB_RENDEZVOUS: host messages of this many bytes or more move in place
+  // (zero-copy); 0 = every message through the staging slots.
+  size_t rendezvous_bytes = 512 << 10;
+  // "auto": not on software devices (Soft-RoCE, soft iWARP), where it measured slower.
+  bool rendezvous_auto = true;
+  // RAILSHARD_IB_RENDEZVOUS_VERB: read (the receiver reads), write (the sender writes into the
+  // buffer the receiver grants); auto: write when a rail is a software device, else read.
+  RendezvousVerb rendezvous_verb = RendezvousVerb::kAuto;
+  // How often a failed RDMA lane is made again; zero: a failed lane stays out.
+  Duration readmit_interval = std::chrono::seconds(1);
+  // RAILSHARD_IB_CONNECT: lanes connected at start-up, or when a pair first talks; auto: on
+  // first use beyond kEagerPeers RDMA peers.
+  LaneConnect connect = LaneConnect::kAuto;
+};
+
+// Which peers this rank reaches over RDMA: the lanes to each (one per rail the pair shares,
+// not yet connected: their messengers connect them by records) and the driver that owns them.
+struct RdmaPlan {
+  std::unique_ptr<Driver> driver;
+  std::vector<std::vector<std::unique_ptr<Link>>> lanes;  // by rank; empty: not over RDMA
+  bool lazy = false;            // connected on first use, not at start-up
+  size_t rendezvous_bytes = 0;  // messages from this size move in place (0: none)
+  bool write_rendezvous = false;
+  std::string rails;  // "mlx5_0:1 (RoCE, ...), ...", for the log
+};
+
+// Whether this build contains the RDMA transport (infiniband/verbs.h was found at build time).
+bool compiledIn();
+// "" when this process can use RDMA now (library loads, an active port passes the filter);
+// else why not, in one line.
+std::string unavailableReason(const std::string& hca_filter = "");
+
+// What the RDMA transport sees on this host, for people (railshard-topo --rdma): the library,
+// each usable port (rate, link layer, MTU, LID, the GID and why), the ports left out and why,
+// and whether RDMA would be used. Never throws.
+std::string describeRdma(const std::string& hca_filter = "", int gid_index = -1);
+
+// Decides, with every rank (a store exchange), which pairs use RDMA: kAuto between ranks on
+// different hosts that both have a usable port, kForced every pair (ConfigError naming what is
+// missing on which rank otherwise). Null when no pair of this rank's does. `failure`: the
+// group's, which the driver's thread reports into.
+std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
+                                   messaging::FailureState& failure);
+
+}  // namespace railshard::transport::links::ibverbs
