@@ -1,3 +1,4 @@
+// The links of every pair of ranks, chosen per pair, under one messenger per peer (channels.h).
 #include "core/channels.h"
 
 #include <thread>
@@ -5,8 +6,10 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "core/collective_tag.h"
+#include "core/collectives/shm_engine.h"
 #include "core/topology/topology.h"
 #include "transport/links/ibverbs/ibverbs_factory.h"
+#include "transport/links/shm/shm_channel.h"
 #include "transport/links/tcp/tcp_mesh.h"
 #include "transport/messaging/machine_load.h"
 
@@ -19,7 +22,7 @@ using transport::links::tcp::RailSpec;
 // The rails between this rank's host and every other rank's, from the cluster graph: a TCP
 // connection on each, and messages striped over them. Ranks on this host, and rails without IP
 // addresses (native InfiniBand), get none.
-std::vector<std::vector<RailSpec>> railsToPeers(const ChannelOptions& options) {
+std::vector<std::vector<RailSpec>> railsToPeers(const Channels::Options& options) {
   std::vector<std::vector<RailSpec>> result(static_cast<size_t>(options.size));
   const topology::Topology* graph = options.topology;
   if (graph == nullptr || graph->worldSize() != options.size) return result;
@@ -40,7 +43,7 @@ std::vector<std::vector<RailSpec>> railsToPeers(const ChannelOptions& options) {
   return result;
 }
 
-transport::links::ibverbs::FactoryOptions rdmaOptions(const ChannelOptions& options) {
+transport::links::ibverbs::FactoryOptions rdmaOptions(const Channels::Options& options) {
   const Config& config = *options.config;
   transport::links::ibverbs::FactoryOptions ib;
   ib.rank = options.rank;
@@ -65,102 +68,157 @@ transport::links::ibverbs::FactoryOptions rdmaOptions(const ChannelOptions& opti
 
 }  // namespace
 
-std::unique_ptr<transport::messaging::Mesh> connectChannels(Store& store,
-                                                            const ChannelOptions& options) {
+Channels::Channels(const Options& options) : options_(options) {}
+
+Channels::~Channels() {
+  // The messengers say goodbye (and the links linger) while the segment is still mapped; the
+  // segment's error state stops listening to the group's before either goes.
+  if (mesh_ && failure_hook_ != 0) mesh_->failure().removeHook(failure_hook_);
+  mesh_.reset();
+  engine_.reset();
+}
+
+std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options) {
+  std::unique_ptr<Channels> channels(new Channels(options));
+  channels->mesh_ =
+      std::make_unique<transport::messaging::Mesh>(options.rank, options.size, tagFormatter());
+  if (options.size > 1) {
+    channels->setUpHost(store);
+    channels->connectLinks(store);
+    channels->joinErrorStates();
+  }
+  return channels;
+}
+
+void Channels::joinErrorStates() {
+  // One error state for the whole group: a failure anywhere (a lost peer on another host, a
+  // mismatch a messenger found, an abort) aborts the host's segment, so that every rank of the
+  // host waiting in a shared-memory step wakes with it at once; one the engine finds fails the
+  // group (ShmEngine::fail), which tells the other hosts through the messengers.
+  collectives::ShmEngine* engine = engine_.get();
+  if (engine == nullptr) return;
+  failure_hook_ = mesh_->failure().addHook([engine](ErrorKind kind, const std::string& message, int,
+                                                    bool) { engine->abort(kind, message); });
+}
+
+void Channels::connectLinks(Store& store) {
   using transport::messaging::Messenger;
-  const Config& config = *options.config;
-  auto mesh = std::make_unique<transport::messaging::Mesh>(options.rank, options.size,
-                                                           tagFormatter());
+  const Config& config = *options_.config;
+  const int rank = options_.rank;
+  const int size = options_.size;
+  // Waits poll as the host's cores and ranks allow (wait_policy.h).
   transport::messaging::MachineState machine;
   machine.cores = transport::messaging::allowedCores();
-  mesh->setWaitPlan(transport::messaging::planWait(
+  machine.local_ranks =
+      static_cast<unsigned>(layout_->localSize(rank) > 0 ? layout_->localSize(rank) : 1);
+  mesh_->setWaitPlan(transport::messaging::planWait(
       config.wait, machine, std::chrono::duration_cast<Duration>(config.spin)));
-  if (options.size < 2) return mesh;
 
   transport::links::tcp::ConnectOptions tcp;
-  tcp.rank = options.rank;
-  tcp.size = options.size;
+  tcp.rank = rank;
+  tcp.size = size;
   tcp.token = config.token;
-  tcp.advertise_host = options.advertise_host;
-  tcp.key_prefix = options.key_prefix;
+  tcp.advertise_host = options_.advertise_host;
+  tcp.key_prefix = options_.key_prefix;
   tcp.connect_timeout = config.connect_timeout;
-  tcp.peer_rails = railsToPeers(options);
+  tcp.peer_rails = railsToPeers(options_);
   tcp.sockets_per_rail = config.sockets_per_rail;
   transport::links::tcp::Connections connections = transport::links::tcp::connectPeers(store, tcp);
 
   std::unique_ptr<transport::links::ibverbs::RdmaPlan> rdma;
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {
-    rdma = transport::links::ibverbs::planRdma(store, rdmaOptions(options), mesh->failure());
+    rdma = transport::links::ibverbs::planRdma(store, rdmaOptions(options_), mesh_->failure());
   }
 
   transport::links::tcp::TcpDriver::Options driver_options;
-  driver_options.rank = options.rank;
-  driver_options.size = options.size;
+  driver_options.rank = rank;
+  driver_options.size = size;
   driver_options.token = config.token;
-  driver_options.failure = &mesh->failure();
+  driver_options.failure = &mesh_->failure();
   auto tcp_driver = std::make_unique<transport::links::tcp::TcpDriver>(
       driver_options, std::move(connections.listeners));
   const Duration rail_timeout = std::chrono::duration_cast<Duration>(config.rail_timeout);
   const Duration heartbeat = std::chrono::duration_cast<Duration>(config.heartbeat_timeout);
+  transport::links::shm::ShmSegment* segment = engine_ ? &engine_->segment() : nullptr;
   bool any_rdma = false;
-  for (int peer = 0; peer < options.size; ++peer) {
-    if (peer == options.rank) continue;
-    auto& tcp_links = connections.by_peer[static_cast<size_t>(peer)];
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
     std::vector<std::unique_ptr<transport::links::Link>> lanes;
     if (rdma) lanes.swap(rdma->lanes[static_cast<size_t>(peer)]);
+    // A rank of this host's segment, in a pair that may exchange messages through it.
+    const bool same_host =
+        segment != nullptr && config.p2p_shm && lanes.empty() &&
+        layout_->host_of[static_cast<size_t>(peer)] == layout_->host_of[static_cast<size_t>(rank)];
     transport::messaging::MessengerOptions messenger;
     messenger.peer = peer;
     messenger.peer_address = connections.address[static_cast<size_t>(peer)];
     messenger.weights = config.rail_weights;
     messenger.rail_timeout = rail_timeout;
     messenger.heartbeat_timeout = heartbeat;
-    messenger.initiator = options.rank > peer;  // it opened the connections
+    messenger.initiator = rank > peer;  // it opened the connections
     if (!lanes.empty()) {
       messenger.rendezvous_bytes = rdma->rendezvous_bytes;
       messenger.write_rendezvous = rdma->write_rendezvous;
     }
-    auto m = std::make_unique<Messenger>(mesh->group(), messenger);
-    // Beside RDMA lanes the TCP connections carry control only (heartbeats, reports, aborts,
-    // the lanes' records), unless asked to stripe with them; a process's end closes them, so
-    // a peer that dies is noticed at once rather than after the lanes' retry budget.
+    std::unique_ptr<transport::links::Link> channel;
+    if (same_host) {
+      const int mine = layout_->local_rank_of[static_cast<size_t>(rank)];
+      const int theirs = layout_->local_rank_of[static_cast<size_t>(peer)];
+      const bool reads = transport::links::shm::ShmChannel::readable(*segment, mine, theirs) &&
+                         transport::links::shm::ShmChannel::readable(*segment, theirs, mine);
+      channel = std::make_unique<transport::links::shm::ShmChannel>(*segment, mine, theirs, reads);
+      // Larger messages are read straight out of the sender's process (one copy), where the
+      // pair may; else they go in 64 KiB frames through the entries (two copies).
+      if (reads) messenger.rendezvous_bytes = transport::links::shm::kMailPayloadBytes + 1;
+    }
+    auto m = std::make_unique<Messenger>(mesh_->group(), messenger);
+    // Beside RDMA lanes or a shared-memory channel the TCP connections carry control only
+    // (heartbeats, reports, aborts, the lanes' records), unless asked to stripe with lanes; a
+    // process's end closes them, so a peer that dies is noticed at once.
+    auto& tcp_links = connections.by_peer[static_cast<size_t>(peer)];
     transport::links::tcp::addLinks(*tcp_driver, *m, peer, tcp_links,
-                                    lanes.empty() || config.stripe_tcp);
+                                    channel == nullptr && (lanes.empty() || config.stripe_tcp));
     for (auto& lane : lanes) m->addLink(std::move(lane), true, false);
+    if (channel) m->addLink(std::move(channel), true, true);
     any_rdma = any_rdma || !lanes.empty();
-    mesh->addMessenger(std::move(m));
+    mesh_->addMessenger(std::move(m));
+  }
+  // The host's ranks wake this one through its doorbell: it sleeps there, and whatever
+  // completes its requests rings it too.
+  if (segment != nullptr) {
+    const int local = layout_->local_rank_of[static_cast<size_t>(rank)];
+    mesh_->wake().use(segment->control(local).mail_doorbell, segment->header().sleepers);
   }
   tcp_driver->start();
-  mesh->addDriver(std::move(tcp_driver));
+  mesh_->addDriver(std::move(tcp_driver));
   if (rdma) {
     rdma->driver->start();
-    mesh->addDriver(std::move(rdma->driver));
+    mesh_->addDriver(std::move(rdma->driver));
   }
-  mesh->setName(any_rdma ? "ibverbs" : "tcp");
-  mesh->start(transport::links::tcp::tickPeriod(rail_timeout, heartbeat));
-  if (any_rdma && !rdma->lazy) {
-    // Lanes connected at start-up: nobody writes before every lane it writes on is ready.
-    for (int peer = 0; peer < options.size; ++peer) {
-      if (auto* m = mesh->messenger(peer)) m->connect();
-    }
-    const Deadline until = deadlineAfter(std::chrono::duration_cast<Duration>(config.connect_timeout));
-    for (int peer = 0; peer < options.size; ++peer) {
-      auto* m = mesh->messenger(peer);
-      if (m == nullptr) continue;
-      while (!m->connected()) {
-        mesh->failure().check();
-        if (Clock::now() >= until) {
-          throw TimeoutError("rank " + std::to_string(options.rank) +
-                             ": the RDMA lanes to rank " + std::to_string(peer) +
-                             " did not connect within " +
-                             formatSeconds(std::chrono::duration<double>(config.connect_timeout)
-                                               .count()));
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mesh_->setName(any_rdma ? "ibverbs" : "tcp");
+  mesh_->start(transport::links::tcp::tickPeriod(rail_timeout, heartbeat));
+  if (!any_rdma || rdma->lazy) return;
+  // Lanes connected at start-up: nobody writes before every lane it writes on is ready.
+  for (int peer = 0; peer < size; ++peer) {
+    if (auto* m = mesh_->messenger(peer)) m->connect();
+  }
+  const Deadline until =
+      deadlineAfter(std::chrono::duration_cast<Duration>(config.connect_timeout));
+  for (int peer = 0; peer < size; ++peer) {
+    auto* m = mesh_->messenger(peer);
+    if (m == nullptr) continue;
+    while (!m->connected()) {
+      mesh_->failure().check();
+      if (Clock::now() >= until) {
+        throw TimeoutError("rank " + std::to_string(rank) + ": the RDMA lanes to rank " +
+                           std::to_string(peer) + " did not connect within " +
+                           formatSeconds(secondsSince(until - std::chrono::duration_cast<Duration>(
+                                                                  config.connect_timeout))));
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    RS_LOG_DEBUG("rank {}: RDMA lanes connected", options.rank);
   }
-  return mesh;
+  RS_LOG_DEBUG("rank {}: RDMA lanes connected", rank);
 }
 
 }  // namespace railshard

@@ -21,6 +21,10 @@ enum class CollectiveKind : uint8_t {
 };
 
 std::string_view name(CollectiveKind kind);
+// The collective's name, as a literal (trace events and the publisher keep it by pointer).
+inline const char* collectiveName(const transport::MessageTag& tag) {
+  return name(static_cast<CollectiveKind>(tag.collective)).data();
+}
 
 // The collective header of DESIGN.md, as the tag every message of the collective carries.
 transport::MessageTag makeTag(CollectiveKind kind, uint64_t sequence, DataType dtype, ReduceOp op,

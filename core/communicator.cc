@@ -1,12 +1,8 @@
 #include "core/communicator.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <string>
-#include <thread>
 
 #include "base/error.h"
 #include "base/logging.h"
@@ -15,29 +11,15 @@
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/context.h"
-#include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/shm_engine.h"
-#include "core/collectives/tuner.h"
 #include "core/collectives/two_level.h"
-#include "core/hierarchical_allreduce.h"
+#include "core/diagnostics.h"
+#include "core/membership.h"
+#include "core/planner.h"
 #include "core/point_to_point.h"
-#include "core/progress_publisher.h"
-#include "core/shm_messages.h"
-#include "core/topology/topology.h"
 #include "kernels/reduce.h"
-#include "transport/links/shm/host_identity.h"
-#include "transport/links/shm/shm_segment.h"
-
 
 namespace railshard {
-
-namespace {
-
-// How often a rank's position (the collective it is in) reaches the store; a timeout's
-// diagnosis is as fresh as this.
-constexpr auto kPublishPeriod = std::chrono::milliseconds(200);
-
-}  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& options) {
   if (options.size < 1) {
@@ -59,68 +41,76 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, const Options& 
   RS_LOG_DEBUG("rank {}: reduction kernels: {}", options.rank, kernels::activeIsa());
   collectives::Algorithm ignored;
   collectives::parseAlgorithm(options.config.algorithm, ignored);  // ConfigError when unknown
-  ChannelOptions channels;
+  Channels::Options channels;
   channels.rank = options.rank;
   channels.size = options.size;
   channels.key_prefix = options.key_prefix;
   channels.advertise_host = options.advertise_host;
   channels.config = &options.config;
   channels.topology = options.topology.get();
-  std::unique_ptr<transport::Transport> transport = connectChannels(store, channels);
-  std::unique_ptr<Communicator> communicator(new Communicator(options, std::move(transport)));
-  communicator->setUpSharedMemory(store, options.key_prefix);
-  // One host's ranks share a segment: all of them (shm_) or this host's of several (host_shm_).
-  collectives::ShmEngine* engine = communicator->engine();
-  if (engine != nullptr) {
-    transport::Transport* tcp_transport = communicator->transport_.get();
-    engine->setHealthCheck([tcp_transport] { tcp_transport->checkHealthy(); });
-    // A peer lost on the TCP side (closed connection, heartbeat) wakes shared-memory waits at
-    // once instead of at their next health check.
-    communicator->transport_->setFailureListener(
-        [engine](ErrorKind kind, const std::string& message) { engine->abort(kind, message); });
-  }
-  Communicator* self = communicator.get();
-  auto explain = [self](const transport::MessageTag& tag) { return self->diagnoseMissing(tag); };
-  communicator->transport_->setTimeoutExplainer(explain);
-  if (engine != nullptr) engine->setTimeoutExplainer(explain);
-  communicator->setUpTracing(store, options);
-  communicator->setUpMetrics();
-  if (options.store && options.size > 1) {
-    communicator->publisher_ = std::make_unique<ProgressPublisher>(
-        options.store, options.key_prefix + "/entered/" + std::to_string(options.rank),
-        kPublishPeriod);
-  }
+  std::unique_ptr<Communicator> communicator(
+      new Communicator(options, Channels::connect(store, channels)));
+  communicator->diagnostics_->start(store);
   return communicator;
 }
 
-Communicator::Communicator(const Options& options, std::unique_ptr<transport::Transport> transport)
+Communicator::Communicator(const Options& options, std::unique_ptr<Channels> channels)
     : rank_(options.rank),
       size_(options.size),
       config_(options.config),
-      transport_(std::move(transport)),
-      topology_(options.topology),
-      workspace_(std::make_unique<collectives::Workspace>()),
-      store_(options.store),
-      world_ranks_(options.world_ranks),
-      generation_(options.generation),
-      launch_ranks_(options.launch_ranks > 0 ? options.launch_ranks : options.size),
-      key_prefix_(options.key_prefix),
-      key_root_(options.key_root.empty() ? options.key_prefix : options.key_root),
-      advertise_host_(options.advertise_host),
-      extend_topology_(options.extend_topology) {
-  if (world_ranks_.empty()) {
-    for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
-  }
+      membership_(std::make_unique<Membership>(options)),
+      channels_(std::move(channels)),
+      workspace_(std::make_unique<collectives::Workspace>()) {
+  device_ = std::make_unique<DevicePath>(config_, *membership_);
+  planner_ = std::make_unique<Planner>(config_, *channels_, rank_, size_);
+  diagnostics_ = std::make_unique<Diagnostics>(config_, *membership_, *channels_, *planner_);
+  auto explain = [this](const transport::MessageTag& tag) {
+    return diagnostics_->diagnoseMissing(tag);
+  };
+  channels_->mesh().setTimeoutExplainer(explain);
+  if (channels_->engine() != nullptr) channels_->engine()->setTimeoutExplainer(explain);
 }
 
-// The publisher's thread stops before the transport and store it uses go away.
 Communicator::~Communicator() {
-  // Its last description stays with the trace, for the file written at exit.
-  if (trace_provider_ != 0) trace::removeMetadataProvider(trace_provider_);
-  tearDownMetrics();  // its collector reads the transport
-  publisher_.reset();
-  markClosed();
-  transport_->setFailureListener(nullptr);  // the engine it wakes goes first
+  diagnostics_.reset();  // its publisher's thread and metrics collector stop first
+  membership_->markClosed(config_);
+}
+
+const std::vector<int>& Communicator::worldRanks() const {
+  return membership_->worldRanks();
+}
+int Communicator::worldRank() const {
+  return membership_->worldRank();
+}
+int Communicator::generation() const {
+  return membership_->generation();
+}
+int Communicator::launchRanks() const {
+  return membership_->launchRanks();
+}
+bool Communicator::usesSharedMemory() const {
+  return channels_->oneHost();
+}
+bool Communicator::usesHostSharedMemory() const {
+  return channels_->twoLevel();
+}
+const collectives::HostLayout* Communicator::hostLayout() const {
+  return channels_->layout();
+}
+const collectives::MeasuredLinks& Communicator::measuredLinks() const {
+  return channels_->measured();
+}
+tracing::LinkLimit Communicator::linkLimit() const {
+  return diagnostics_->linkLimit();
+}
+std::string_view Communicator::lastAlgorithm() const {
+  return planner_->last();
+}
+transport::Transport& Communicator::transport() {
+  return channels_->mesh();
+}
+const topology::Topology* Communicator::topology() const {
+  return membership_->topology();
 }
 
 void Communicator::checkBuffer(const char* collective, const char* what, const void* buffer,
@@ -162,19 +152,6 @@ void Communicator::checkTypes(const char* collective, DataType dtype, ReduceOp o
   }
 }
 
-void Communicator::checkUsable(const char* collective) const {
-  if (retired_ != nullptr) {
-    throw InvalidArgument(std::string(collective) + ": this communicator (generation " +
-                          std::to_string(generation_) + ") was " +
-                          (std::string(retired_) == "shrink" ? "shrunk" : "grown") +
-                          "; use the communicator " + retired_ + "() returned");
-  }
-  if (!aborted_.empty()) {
-    throw InvalidArgument(std::string(collective) +
-                          ": this communicator was aborted by the application: " + aborted_);
-  }
-}
-
 Duration Communicator::timeoutFor(const char* collective, Timeout timeout) const {
   if (timeout == kDefaultTimeout) return std::chrono::duration_cast<Duration>(config_.timeout);
   if (timeout <= Timeout::zero()) {
@@ -184,139 +161,19 @@ Duration Communicator::timeoutFor(const char* collective, Timeout timeout) const
   return std::chrono::duration_cast<Duration>(timeout);
 }
 
-namespace {
-
-// The value of `key` if it is set, without waiting.
-std::optional<std::string> peek(Store& store, const std::string& key) {
-  try {
-    return store.getString(key, Duration::zero());
-  } catch (const TimeoutError&) {
-    return std::nullopt;
-  }
-}
-
-// The collective's name as a literal (name() returns views of literals).
-const char* collectiveName(const transport::MessageTag& tag) {
-  return name(static_cast<CollectiveKind>(tag.collective)).data();
-}
-
-std::string joinRanks(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) text += ',';
-    text += std::to_string(ranks[i]);
-  }
-  return text;
-}
-
-}  // namespace
-
-std::string Communicator::describeRank(int rank) const {
-  std::string text = "rank " + std::to_string(rank);
-  std::vector<std::string> notes;
-  const int world = world_ranks_[static_cast<size_t>(rank)];
-  if (world != rank) notes.push_back("launch rank " + std::to_string(world));
-  if (topology_ != nullptr && topology_->worldSize() == size_) {
-    notes.push_back("host " + topology_->rank(rank).host);
-  }
-  for (size_t i = 0; i < notes.size(); ++i) text += (i == 0 ? " (" : ", ") + notes[i];
-  if (!notes.empty()) text += ")";
-  return text;
-}
-
-std::string Communicator::explainLoss(const transport::MessageTag& tag, double waited,
-                                      const std::string& error) {
-  auto lost = transport_->lostPeers();
-  // Over shared memory the engine sees a dead peer's pid first; its TCP connection (same
-  // process) ends at the same moment, and the transport says which rank that was.
-  for (int i = 0; i < 20 && lost.empty() && engine() != nullptr; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    lost = transport_->lostPeers();
-  }
-  std::string who;
-  for (const auto& peer : lost) {
-    who += (who.empty() ? "" : ", ") + describeRank(peer.rank);
-    // Early, so that the survivors' shrink() need not wait for this rank to say it.
-    if (publisher_) {
-      auto [key, value] = lostMarkFor(peer);
-      publisher_->post(std::move(key), std::move(value));
-    }
-  }
-  return "rank " + std::to_string(rank_) + ": " + describeTag(tag) + " failed after waiting " +
-         formatSeconds(waited) + ": lost " + (who.empty() ? "a peer" : who) + ": " + error;
-}
-
-std::string Communicator::diagnoseMissing(const transport::MessageTag& tag) {
-  if (PointToPoint::isPointToPoint(tag)) {
-    // Only the two ranks of a pair know about its messages; nothing is published.
-    return "the peer has not posted the matching send or recv (messages between two ranks "
-           "match in the order they are posted)";
-  }
-  if (!store_ || !publisher_) return {};
-  const double waited = std::chrono::duration<double>(Clock::now() - collective_start_).count();
-  publisher_->flush();
-  std::vector<int> missing;
-  std::vector<int> waiting;
-  std::string lasts;
-  const std::string name(collectiveName(tag));
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) {
-      waiting.push_back(r);
-      continue;
-    }
-    std::optional<std::string> position;
-    try {
-      position = peek(*store_, key_prefix_ + "/entered/" + std::to_string(r));
-    } catch (const Error& e) {
-      return std::string("who is missing is unknown: ") + e.what();
-    }
-    const uint64_t sequence = position ? std::strtoull(position->c_str(), nullptr, 10) : 0;
-    if (position && sequence >= tag.sequence) {
-      waiting.push_back(r);
-      continue;
-    }
-    missing.push_back(r);
-    if (!lasts.empty()) lasts += "; ";
-    lasts += describeRank(r) + ": ";
-    if (position) {
-      lasts += "last entered " + position->substr(position->find(' ') + 1) + " #" +
-               std::to_string(sequence);
-    } else {
-      lasts += "entered no collective";
-    }
-  }
-  if (missing.empty()) {
-    return "every rank entered " + name + " #" + std::to_string(tag.sequence) +
-           ", but data stopped flowing (a stalled network path or a hung process?)";
-  }
-  return std::string(missing.size() == 1 ? "rank " : "ranks ") + joinRanks(missing) +
-         " never entered " + name + " #" + std::to_string(tag.sequence) + " (ranks " +
-         joinRanks(waiting) + " waiting " + formatSeconds(waited) + "; " + lasts + ")";
-}
-
-std::string Communicator::explainTimeout(const transport::MessageTag& tag, double waited,
-                                         const std::string& error) {
-  // The rank that timed out first said who was missing before it told the others; only a
-  // rank that timed out without that (an algorithm's own deadline) asks the store itself.
-  const bool explained = error.find(" never entered ") != std::string::npos ||
-                         error.find("every rank entered") != std::string::npos ||
-                         error.find("who is missing is unknown") != std::string::npos;
-  const std::string diagnosis = explained ? std::string() : diagnoseMissing(tag);
-  return "rank " + std::to_string(rank_) + ": " + describeTag(tag) + " timed out after " +
-         formatSeconds(waited) + (diagnosis.empty() ? "" : ": " + diagnosis) + " -- " + error;
-}
-
-template <typename Fn>
 void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_t bytes,
-                       const char* algorithm, Fn&& fn, bool over_transport) {
-  if (publisher_) publisher_->entered(tag.sequence, collectiveName(tag));
-  if (engine() != nullptr) engine()->setTimeout(timeout);
+                       const char* algorithm,
+                       const std::function<void(const collectives::Context&)>& fn,
+                       bool over_transport) {
+  diagnostics_->entered(tag);
+  collectives::ShmEngine* engine = channels_->engine();
+  if (engine != nullptr) engine->setTimeout(timeout);
   const trace::ScopedRank trace_rank(worldRank());
   trace::Span span(trace::Category::kCollective, collectiveName(tag));
   if (span.active()) {
     trace::Event& e = span.event();
     e.seq = tag.sequence;
-    e.generation = generation_;
+    e.generation = generation();
     e.bytes = bytes;
     e.size = size_;
     e.detail = algorithm;
@@ -331,131 +188,112 @@ void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_
     if (tag.collective == static_cast<uint8_t>(CollectiveKind::kBarrier)) e.dtype = 0xff;
     e.failed = true;  // until it returns
   }
-  const Clock::time_point start = Clock::now();
-  collective_start_ = start;
-  auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-  // The host's segment carries the error before this rank can close: the transport's failure
-  // listener would too, but from its own thread, and a rank that closed first would leave the
-  // host's other ranks to report "closed its communicator" instead of the cause.
+  // The group's error state carries the error to every rank before this one can close (the
+  // host's segment among them: a rank that closed first would leave the host's other ranks to
+  // report "closed its communicator" instead of the cause).
   const auto failed = [&](const std::exception& e) {
-    if (metrics_) countError(e);
-    if (engine() != nullptr) engine()->abort(kindOf(e), e.what());
+    if (diagnostics_->counting()) diagnostics_->countError(e);
+    if (engine != nullptr) engine->abort(kindOf(e), e.what());
   };
+  transport::messaging::Mesh& mesh = channels_->mesh();
   try {
-    if (shm_ && !over_transport) {
-      transport_->checkHealthy();
+    if (channels_->oneHost() && !over_transport) {
+      mesh.checkHealthy();
     } else {
-      transport_->enterCollective(tag);
+      mesh.enterCollective(tag);
     }
-    fn(collectives::Context{*transport_, rank_, size_, config_.chunk_bytes, timeout, tag,
-                            *workspace_});
+    fn(collectives::Context{mesh, rank_, size_, config_.chunk_bytes, timeout, tag, *workspace_});
   } catch (const PeerLostError& e) {
     failed(e);
-    throw PeerLostError(explainLoss(tag, waited(), e.what()));
+    throw PeerLostError(diagnostics_->explainLoss(tag, e.what()));
   } catch (const TimeoutError& e) {
     failed(e);
-    throw TimeoutError(explainTimeout(tag, waited(), e.what()));
+    throw TimeoutError(diagnostics_->explainTimeout(tag, e.what()));
   } catch (const std::exception& e) {
     failed(e);
     throw;
   }
   span.event().failed = false;
-  if (metrics_) countCollective(collectiveName(tag), algorithm, bytes, waited());
+  if (diagnostics_->counting()) {
+    diagnostics_->countCollective(collectiveName(tag), algorithm, bytes, diagnostics_->waited());
+  }
 }
 
-void Communicator::runOutOfLine(const transport::MessageTag& tag, Duration timeout, size_t bytes,
-                                const char* algorithm,
-                                const std::function<void(const collectives::Context&)>& fn,
-                                bool over_transport) {
-  run(tag, timeout, bytes, algorithm, fn, over_transport);
+DevicePath::Call Communicator::deviceCall() {
+  return DevicePath::Call{
+      sequence_, *planner_,
+      [this](const transport::MessageTag& tag, Duration timeout, size_t bytes,
+             const char* algorithm, const std::function<void(const collectives::Context&)>& fn) {
+        run(tag, timeout, bytes, algorithm, fn, true);
+      }};
 }
 
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op, const Placement& placement, Timeout timeout) {
-  checkUsable("allreduce");
+  membership_->checkUsable("allreduce");
   checkTypes("allreduce", dtype, op);
   checkBuffer("allreduce", "send", send, count, dtype);
   checkBuffer("allreduce", "recv", recv, count, dtype);
   checkDisjoint("allreduce", send, count * sizeOf(dtype), recv, count * sizeOf(dtype), true);
   const Duration deadline = timeoutFor("allreduce", timeout);
-  if (onDevice("allreduce", placement, send, recv, count)) {
-    return allreduceOnDevice(send, recv, count, dtype, op, placement.stream, deadline);
+  if (device_->onDevice("allreduce", placement, send, recv, count)) {
+    return device_->allreduce(deviceCall(), send, recv, count, dtype, op, placement.stream,
+                              deadline);
   }
   const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
   if (size_ == 1) {
-    last_algorithm_ = "local";
+    planner_->ran("local");
     if (send != recv && count > 0) std::memcpy(recv, send, count * sizeOf(dtype));
     return;
   }
-  collectives::TunerInput input;
-  input.bytes = count * sizeOf(dtype);
-  input.world_size = size_;
-  input.shm = shm_ != nullptr;
-  input.shm_slot_bytes = two_level_ ? host_slot_bytes_ : shm_ ? shm_->slotBytes() : 0;
-  input.hosts = layout_ ? layout_->hostCount() : 1;
-  input.ranks_per_host = layout_ ? layout_->maxLocal() : size_;
-  input.host_shm = two_level_;
-  input.network = network_;
-  input.shm_link = measured_.shm;
-  input.reduce_gbps = measured_.reduce_gbps;
-  // Users ask which algorithm ran; at debug level every all-reduce says so, with the model's
-  // estimates behind the choice. Only then are the strings built: they cost more than a
-  // small shared-memory all-reduce.
-  const bool explain = log::logger().should_log(spdlog::level::debug);
-  // The choice depends only on the size (and the communicator's fixed properties), and
-  // training repeats the same sizes: remember the last one.
-  if (explain || input.bytes != tuned_bytes_ || !tuned_) {
-    const auto choice = collectives::chooseAllreduce(input, config_.algorithm, explain);
-    tuned_ = true;
-    tuned_bytes_ = input.bytes;
-    tuned_algorithm_ = choice.algorithm;
-    if (explain) {
-      RS_LOG_DEBUG("rank {}: {} -> {} ({})", rank_, describeTag(tag),
-                   collectives::name(choice.algorithm), choice.reason);
-    }
-  }
-  last_algorithm_ = collectives::name(tuned_algorithm_);
-  run(tag, deadline, input.bytes, last_algorithm_.data(), [&](const collectives::Context& context) {
-    switch (tuned_algorithm_) {
+  const size_t bytes = count * sizeOf(dtype);
+  const collectives::Algorithm algorithm = planner_->allreduce(bytes, tag);
+  collectives::ShmEngine* engine = channels_->engine();
+  const collectives::HostLayout* layout = channels_->layout();
+  run(tag, deadline, bytes, planner_->last().data(), [&](const collectives::Context& context) {
+    switch (algorithm) {
       case collectives::Algorithm::kShmDirect:
-        return shm_->allreduceDirect(send, recv, count, dtype, op, tag);
+        return engine->allreduceDirect(send, recv, count, dtype, op, tag);
       case collectives::Algorithm::kShmReduceScatterGather:
-        return shm_->allreduceReduceScatterGather(send, recv, count, dtype, op, tag);
+        return engine->allreduceReduceScatterGather(send, recv, count, dtype, op, tag);
       case collectives::Algorithm::kRecursiveDoubling:
         return collectives::recursiveDoublingAllreduce(context, send, recv, count, dtype, op);
       case collectives::Algorithm::kRing:
         return collectives::ringAllreduce(context, send, recv, count, dtype, op);
       case collectives::Algorithm::kTwoLevel:
-        return collectives::twoLevelAllreduce(context, host_shm_.get(), *layout_, send, recv, count,
-                                              dtype, op);
+        return collectives::twoLevelAllreduce(context, engine, *layout, send, recv, count, dtype,
+                                              op);
       case collectives::Algorithm::kTwoLevelDirect:
-        return collectives::twoLevelDirectAllreduce(context, host_shm_.get(), *layout_, send, recv,
-                                                    count, dtype, op);
+        return collectives::twoLevelDirectAllreduce(context, engine, *layout, send, recv, count,
+                                                    dtype, op);
     }
   });
 }
 
 void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count, DataType dtype,
                                  ReduceOp op, const Placement& placement, Timeout timeout) {
-  checkUsable("reduce_scatter");
+  membership_->checkUsable("reduce_scatter");
   checkTypes("reduce_scatter", dtype, op);
   checkBuffer("reduce_scatter", "send", send, recv_count * static_cast<size_t>(size_), dtype);
   checkBuffer("reduce_scatter", "recv", recv, recv_count, dtype);
   const Duration deadline = timeoutFor("reduce_scatter", timeout);
-  if (onDevice("reduce_scatter", placement, send, recv, recv_count)) {
-    return reduceScatterOnDevice(send, recv, recv_count, dtype, op, placement.stream, deadline);
+  if (device_->onDevice("reduce_scatter", placement, send, recv, recv_count)) {
+    return device_->reduceScatter(deviceCall(), send, recv, recv_count, dtype, op, placement.stream,
+                                  deadline);
   }
   const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
   const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
   run(tag, deadline, bytes,
-      shm_         ? "shm"
-      : two_level_ ? "two_level"
-                   : "ring",
+      channels_->oneHost()    ? "shm"
+      : channels_->twoLevel() ? "two_level"
+                              : "ring",
       [&](const collectives::Context& context) {
-        if (shm_) return shm_->reduceScatter(send, recv, recv_count, dtype, op, tag);
-        if (two_level_) {
-          return collectives::twoLevelReduceScatter(context, host_shm_.get(), *layout_, send, recv,
-                                                    recv_count, dtype, op);
+        if (channels_->oneHost())
+          return channels_->engine()->reduceScatter(send, recv, recv_count, dtype, op, tag);
+        if (channels_->twoLevel()) {
+          return collectives::twoLevelReduceScatter(context, channels_->engine(),
+                                                    *channels_->layout(), send, recv, recv_count,
+                                                    dtype, op);
         }
         collectives::ringReduceScatter(context, send, recv, recv_count, dtype, op);
       });
@@ -463,26 +301,28 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recv_count
 
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                              const Placement& placement, Timeout timeout) {
-  checkUsable("allgather");
+  membership_->checkUsable("allgather");
   checkTypes("allgather", dtype, ReduceOp::kSum);
   checkBuffer("allgather", "send", send, send_count, dtype);
   checkBuffer("allgather", "recv", recv, send_count * static_cast<size_t>(size_), dtype);
   const Duration deadline = timeoutFor("allgather", timeout);
-  if (onDevice("allgather", placement, send, recv, send_count)) {
-    return allgatherOnDevice(send, recv, send_count, dtype, placement.stream, deadline);
+  if (device_->onDevice("allgather", placement, send, recv, send_count)) {
+    return device_->allgather(deviceCall(), send, recv, send_count, dtype, placement.stream,
+                              deadline);
   }
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
   const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
   run(tag, deadline, bytes,
-      shm_         ? "shm"
-      : two_level_ ? "two_level"
-                   : "ring",
+      channels_->oneHost()    ? "shm"
+      : channels_->twoLevel() ? "two_level"
+                              : "ring",
       [&](const collectives::Context& context) {
-        if (shm_) return shm_->allgather(send, recv, send_count, dtype, tag);
-        if (two_level_) {
-          return collectives::twoLevelAllgather(context, host_shm_.get(), *layout_, send, recv,
-                                                send_count, dtype);
+        if (channels_->oneHost())
+          return channels_->engine()->allgather(send, recv, send_count, dtype, tag);
+        if (channels_->twoLevel()) {
+          return collectives::twoLevelAllgather(context, channels_->engine(), *channels_->layout(),
+                                                send, recv, send_count, dtype);
         }
         collectives::ringAllgather(context, send, recv, send_count, dtype);
       });
@@ -490,7 +330,7 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                              const Placement& placement, Timeout timeout) {
-  checkUsable("broadcast");
+  membership_->checkUsable("broadcast");
   checkTypes("broadcast", dtype, ReduceOp::kSum);
   if (root < 0 || root >= size_) {
     throw InvalidArgument("broadcast: root " + std::to_string(root) + " is outside [0, " +
@@ -500,48 +340,51 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DataTyp
   checkBuffer("broadcast", "recv", recv, count, dtype);
   const Duration deadline = timeoutFor("broadcast", timeout);
   // Only the root's send buffer is read; elsewhere it may be anything (often null).
-  if (onDevice("broadcast", placement, rank_ == root ? send : nullptr, recv, count)) {
-    return broadcastOnDevice(send, recv, count, dtype, root, placement.stream, deadline);
+  if (device_->onDevice("broadcast", placement, rank_ == root ? send : nullptr, recv, count)) {
+    return device_->broadcast(deviceCall(), send, recv, count, dtype, root, placement.stream,
+                              deadline);
   }
   const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
                            static_cast<uint32_t>(root));
   run(tag, deadline, count * sizeOf(dtype),
-      shm_         ? "shm"
-      : two_level_ ? "two_level"
-                   : "chain",
+      channels_->oneHost()    ? "shm"
+      : channels_->twoLevel() ? "two_level"
+                              : "chain",
       [&](const collectives::Context& context) {
-        if (shm_) return shm_->broadcast(send, recv, count, dtype, root, tag);
-        if (two_level_) {
-          return collectives::twoLevelBroadcast(context, host_shm_.get(), *layout_, send, recv,
-                                                count, dtype, root);
+        if (channels_->oneHost())
+          return channels_->engine()->broadcast(send, recv, count, dtype, root, tag);
+        if (channels_->twoLevel()) {
+          return collectives::twoLevelBroadcast(context, channels_->engine(), *channels_->layout(),
+                                                send, recv, count, dtype, root);
         }
         collectives::chainBroadcast(context, send, recv, count, dtype, root);
       });
 }
 
 void Communicator::barrier(Timeout timeout) {
-  checkUsable("barrier");
+  membership_->checkUsable("barrier");
   const Duration deadline = timeoutFor("barrier", timeout);
   const auto tag =
       makeTag(CollectiveKind::kBarrier, sequence_++, DataType::kUInt8, ReduceOp::kSum, 0, 0);
   run(tag, deadline, 0,
-      shm_         ? "shm"
-      : two_level_ ? "two_level"
-                   : "dissemination",
+      channels_->oneHost()    ? "shm"
+      : channels_->twoLevel() ? "two_level"
+                              : "dissemination",
       [&](const collectives::Context& context) {
-        if (shm_) return shm_->barrier(tag);
-        if (two_level_) return collectives::twoLevelBarrier(context, host_shm_.get(), *layout_);
+        if (channels_->oneHost()) return channels_->engine()->barrier(tag);
+        if (channels_->twoLevel())
+          return collectives::twoLevelBarrier(context, channels_->engine(), *channels_->layout());
         collectives::disseminationBarrier(context);
       });
 }
 
 void Communicator::abort(const std::string& reason) {
-  checkUsable("abort");
-  aborted_ = reason.empty() ? std::string("(no reason given)") : reason;
-  const std::string message =
-      "rank " + std::to_string(rank_) + ": the application aborted the communicator: " + aborted_;
-  if (engine() != nullptr) engine()->abort(ErrorKind::kGeneric, message);
-  transport_->abort(makeError(ErrorKind::kGeneric, message), true);
+  membership_->checkUsable("abort");
+  membership_->markAborted(reason.empty() ? std::string("(no reason given)") : reason);
+  const std::string message = "rank " + std::to_string(rank_) +
+                              ": the application aborted the communicator: " +
+                              (reason.empty() ? std::string("(no reason given)") : reason);
+  channels_->mesh().abort(makeError(ErrorKind::kGeneric, message), true);
 }
 
 }  // namespace railshard

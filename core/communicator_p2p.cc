@@ -4,10 +4,12 @@
 #include <string>
 
 #include "base/error.h"
+#include "core/channels.h"
 #include "core/collective_tag.h"
 #include "core/collectives/algorithms.h"
 #include "core/collectives/shm_engine.h"
 #include "core/communicator.h"
+#include "core/membership.h"
 #include "core/point_to_point.h"
 
 namespace railshard {
@@ -20,26 +22,23 @@ const char* kindOf(const transport::RequestPtr& request) {
 }  // namespace
 
 PointToPoint& Communicator::pointToPoint() {
-  if (!p2p_) {
-    p2p_ = std::make_unique<PointToPoint>(*transport_, rank_, size_, shm_messages_.get(),
-                                          std::chrono::duration_cast<Duration>(config_.timeout));
-  }
+  if (!p2p_) p2p_ = std::make_unique<PointToPoint>(channels_->mesh(), rank_, size_);
   return *p2p_;
 }
 
 Communicator::P2PRequest Communicator::isend(const void* data, size_t count, DataType dtype,
                                              int peer, uint32_t tag) {
-  checkUsable("send");
+  membership_->checkUsable("send");
   checkTypes("send", dtype, ReduceOp::kSum);
-  transport_->checkHealthy();
+  channels_->mesh().checkHealthy();
   return pointToPoint().isend(data, count, dtype, peer, tag);
 }
 
 Communicator::P2PRequest Communicator::irecv(void* data, size_t count, DataType dtype, int peer,
                                              uint32_t tag) {
-  checkUsable("recv");
+  membership_->checkUsable("recv");
   checkTypes("recv", dtype, ReduceOp::kSum);
-  transport_->checkHealthy();
+  channels_->mesh().checkHealthy();
   return pointToPoint().irecv(data, count, dtype, peer, tag);
 }
 
@@ -63,7 +62,7 @@ void Communicator::wait(const P2PRequest& request, Timeout timeout) {
 std::pair<int, Communicator::P2PRequest> Communicator::irecvAny(void* data, size_t count,
                                                                 DataType dtype, uint32_t tag,
                                                                 Timeout timeout) {
-  checkUsable("recv");
+  membership_->checkUsable("recv");
   checkTypes("recv", dtype, ReduceOp::kSum);
   if (size_ == 1) {
     throw InvalidArgument("railshard recv from any source: this rank is the only one");
@@ -98,7 +97,7 @@ void Communicator::recv(void* data, size_t count, DataType dtype, int peer, uint
 void Communicator::allToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
                             const std::vector<size_t>& recv_counts, DataType dtype,
                             Timeout timeout) {
-  checkUsable("all_to_all");
+  membership_->checkUsable("all_to_all");
   checkTypes("all_to_all", dtype, ReduceOp::kSum);
   const auto n = static_cast<size_t>(size_);
   for (const auto* counts : {&send_counts, &recv_counts}) {
@@ -136,17 +135,14 @@ void Communicator::allToAll(const void* send, const std::vector<size_t>& send_co
   }
   // One host: through its shared-memory segment (two copies per byte, no sockets). Several
   // hosts: pairwise over the transports (same-host pairs of a multi-host job included).
-  if (shm_) {
-    runOutOfLine(
-        tag, deadline, send_total * element, "shm",
-        [&](const collectives::Context&) {
-          shm_->allToAll(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype,
-                         tag);
-        },
-        false);
+  if (channels_->oneHost()) {
+    run(tag, deadline, send_total * element, "shm", [&](const collectives::Context&) {
+      channels_->engine()->allToAll(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                    dtype, tag);
+    });
     return;
   }
-  runOutOfLine(
+  run(
       tag, deadline, send_total * element, "pairwise",
       [&](const collectives::Context& context) {
         collectives::allToAll(context, send, send_counts, send_displs, recv, recv_counts,

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <string>
-#include <thread>
 
 #include "base/error.h"
 #include "core/collective_tag.h"
-#include "core/shm_messages.h"
 
 namespace railshard {
 namespace {
@@ -18,13 +16,10 @@ constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
 
 }  // namespace
 
-PointToPoint::PointToPoint(transport::Transport& transport, int rank, int size, ShmMessages* shm,
-                           Duration post_timeout)
+PointToPoint::PointToPoint(transport::Transport& transport, int rank, int size)
     : transport_(transport),
       rank_(rank),
       size_(size),
-      shm_(shm),
-      post_timeout_(post_timeout),
       sent_(static_cast<size_t>(size), 0),
       received_(static_cast<size_t>(size), 0) {}
 
@@ -59,11 +54,7 @@ transport::RequestPtr PointToPoint::isend(const void* data, size_t count, DataTy
                                           uint32_t tag) {
   check("send", data, count, peer);
   const auto message = makeTag(sent_[static_cast<size_t>(peer)], count, dtype, tag);
-  const uint64_t number = sent_[static_cast<size_t>(peer)];
-  auto request = shm_ != nullptr && shm_->carries(rank_, peer)
-                     ? shm_->isend(peer, data, count * sizeOf(dtype), message, number,
-                                   deadlineAfter(post_timeout_))
-                     : transport_.isend(peer, data, count * sizeOf(dtype), message);
+  auto request = transport_.isend(peer, data, count * sizeOf(dtype), message);
   ++sent_[static_cast<size_t>(peer)];
   return request;
 }
@@ -72,45 +63,16 @@ transport::RequestPtr PointToPoint::irecv(void* data, size_t count, DataType dty
                                           uint32_t tag) {
   check("recv", data, count, peer);
   const auto message = makeTag(received_[static_cast<size_t>(peer)], count, dtype, tag);
-  const uint64_t number = received_[static_cast<size_t>(peer)];
-  auto request = shm_ != nullptr && shm_->carries(peer, rank_)
-                     ? shm_->irecv(peer, data, count * sizeOf(dtype), message, number)
-                     : transport_.irecv(peer, data, count * sizeOf(dtype), message);
+  auto request = transport_.irecv(peer, data, count * sizeOf(dtype), message);
   ++received_[static_cast<size_t>(peer)];
   return request;
-}
-
-void PointToPoint::wait(const transport::RequestPtr& request, Deadline deadline) {
-  if (ShmMessages::owns(request)) return shm_->wait(request, deadline);
-  transport_.wait(request, deadline);
 }
 
 int PointToPoint::awaitArrival(const std::vector<int>& peers, uint32_t tag, Deadline deadline) {
   auto accept = [tag](const transport::MessageTag& next) {
     return isPointToPoint(next) && next.root == tag;
   };
-  std::vector<int> local;
-  std::vector<int> remote;
-  for (int peer : peers) {
-    (shm_ != nullptr && shm_->carries(peer, rank_) ? local : remote).push_back(peer);
-  }
-  if (local.empty()) return transport_.awaitArrival(remote, accept, deadline);
-  // Shared-memory entries are looked at in turn with short waits on the transport for the
-  // others (none in a one-host job: then short sleeps).
-  for (;;) {
-    for (int peer : local) {
-      if (shm_->arrived(peer, received_[static_cast<size_t>(peer)], accept)) return peer;
-    }
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) return -1;
-    const Deadline slice = std::min<Deadline>(deadline, now + std::chrono::microseconds(200));
-    if (remote.empty()) {
-      std::this_thread::sleep_until(slice);
-    } else {
-      const int peer = transport_.awaitArrival(remote, accept, slice);
-      if (peer >= 0) return peer;
-    }
-  }
+  return transport_.awaitArrival(peers, accept, deadline);
 }
 
 }  // namespace railshard

@@ -12,8 +12,6 @@
 
 namespace railshard {
 
-class ShmMessages;
-
 // Point-to-point messages of one communicator (docs/point_to_point.md): sends and receives
 // with a caller's tag, numbered per pair and direction apart from the collectives, so that
 // two ranks exchanging messages never disturb the collective numbering the others count.
@@ -26,18 +24,17 @@ class ShmMessages;
 // time, like the collectives; waiting may happen on any thread.
 class PointToPoint {
  public:
-  // `shm`: same-host pairs go through it where it carries them (null: all over the
-  // transport). `post_timeout` bounds a send's wait for a free shared-memory entry.
-  PointToPoint(transport::Transport& transport, int rank, int size, ShmMessages* shm = nullptr,
-               Duration post_timeout = std::chrono::seconds(300));
+  // Every pair's messages go through its messenger (a shared-memory channel inside a host).
+  PointToPoint(transport::Transport& transport, int rank, int size);
 
   // InvalidArgument for a peer outside 0..size-1 or this rank itself, and for a null buffer
   // with count > 0 (named `what`: "send", "recv").
   transport::RequestPtr isend(const void* data, size_t count, DataType dtype, int peer,
                               uint32_t tag);
   transport::RequestPtr irecv(void* data, size_t count, DataType dtype, int peer, uint32_t tag);
-  // Waits for a request of isend/irecv, over whichever path carries it.
-  void wait(const transport::RequestPtr& request, Deadline deadline);
+  void wait(const transport::RequestPtr& request, Deadline deadline) {
+    transport_.wait(request, deadline);
+  }
   // The first of `peers` whose next message to this rank has begun to arrive with the caller's
   // `tag`, or -1 at the deadline.
   int awaitArrival(const std::vector<int>& peers, uint32_t tag, Deadline deadline);
@@ -54,8 +51,6 @@ class PointToPoint {
   transport::Transport& transport_;
   int rank_;
   int size_;
-  ShmMessages* shm_;
-  Duration post_timeout_;
   std::vector<uint64_t> sent_;      // messages posted to each peer so far
   std::vector<uint64_t> received_;  // receives posted from each peer so far
 };

@@ -22,8 +22,9 @@
 
 #include "base/error.h"
 #include "launcher/store_protocol.h"
+#include "transport/links/tcp/hello.h"
+#include "transport/messaging/frame.h"
 #include "transport/messaging/message_book.h"
-#include "transport/tcp/frame.h"
 
 // Each harness in its own namespace, its entry point renamed, so both fit in this binary.
 namespace store_protocol_harness {
@@ -42,9 +43,15 @@ namespace message_book_harness {
 #undef LLVMFuzzerTestOneInput
 }  // namespace message_book_harness
 
-namespace railshard::transport::tcp {
+namespace railshard::transport::links::tcp {
 namespace {
 
+using messaging::FrameHeader;
+using messaging::FrameKind;
+using messaging::kFrameResent;
+using messaging::kMaxControlPayload;
+using messaging::parseFrameHeader;
+using messaging::validateFrameHeader;
 using Bytes = std::vector<uint8_t>;
 
 template <typename T>
@@ -106,9 +113,9 @@ TEST(FuzzCorpus, MessageBookSeedsReplay) {
 FrameHeader dataHeader(uint64_t payload, uint64_t offset, uint64_t total) {
   FrameHeader header;
   header.kind = static_cast<uint8_t>(FrameKind::kData);
-  header.payload_bytes = payload;
+  header.length = payload;
   header.offset = offset;
-  header.total_bytes = total;
+  header.total = total;
   return header;
 }
 
@@ -117,29 +124,34 @@ TEST(FrameParser, AcceptsWellFormedHeaders) {
   EXPECT_NO_THROW(parseFrameHeader(bytesOf(dataHeader(0, 64, 64))));
   FrameHeader abort;
   abort.kind = static_cast<uint8_t>(FrameKind::kAbort);
-  abort.payload_bytes = kMaxAbortMessage;
+  abort.length = kMaxControlPayload;
   abort.error_kind = static_cast<uint8_t>(ErrorKind::kProtocol);
   EXPECT_NO_THROW(parseFrameHeader(bytesOf(abort)));
-  for (const auto kind :
-       {FrameKind::kBye, FrameKind::kAck, FrameKind::kRailDown, FrameKind::kPing}) {
+  for (const auto kind : {FrameKind::kBye, FrameKind::kAck, FrameKind::kLinkDown,
+                          FrameKind::kPing, FrameKind::kConnected}) {
     FrameHeader control;
     control.kind = static_cast<uint8_t>(kind);
     EXPECT_NO_THROW(parseFrameHeader(bytesOf(control)));
   }
+  FrameHeader end;
+  end.kind = static_cast<uint8_t>(FrameKind::kReadDone);
+  end.link = 1;
+  end.total = 2;
+  EXPECT_NO_THROW(parseFrameHeader(bytesOf(end)));
 }
 
 TEST(FrameParser, RejectsTruncatedHeader) {
   const Bytes bytes = bytesOf(dataHeader(8, 0, 8));
-  expectProtocolError([&] { parseFrameHeader(std::span(bytes).first(71)); },
-                      "truncated frame header: 71 of 72 bytes");
-  expectProtocolError([&] { parseFrameHeader({}); }, "truncated frame header: 0 of 72 bytes");
+  expectProtocolError([&] { parseFrameHeader(std::span(bytes).first(79)); },
+                      "truncated frame header: 79 of 80 bytes");
+  expectProtocolError([&] { parseFrameHeader({}); }, "truncated frame header: 0 of 80 bytes");
 }
 
 TEST(FrameParser, RejectsBadMagicAndUnknownKinds) {
   FrameHeader header = dataHeader(8, 0, 8);
   header.magic = 0xdeadbeef;
   expectProtocolError([&] { parseFrameHeader(bytesOf(header)); }, "bad frame magic 0xdeadbeef");
-  for (const uint8_t kind : {0, 8, 200, 255}) {
+  for (const uint8_t kind : {0, 6, 7, 16, 200, 255}) {
     header = dataHeader(0, 0, 0);
     header.kind = kind;
     expectProtocolError([&] { parseFrameHeader(bytesOf(header)); },
@@ -147,20 +159,13 @@ TEST(FrameParser, RejectsBadMagicAndUnknownKinds) {
   }
 }
 
-// Another layer's pieces (messaging::PieceLink): checked as data frames are, and their one
-// flag (re-sent) is the only value error_kind may take.
-TEST(FrameParser, PieceFramesAreCheckedAsDataAndCarryOnlyTheResentFlag) {
+// A frame re-sent after its link failed says so; no other flag exists.
+TEST(FrameParser, DataFramesCarryOnlyTheResentFlag) {
   FrameHeader header = dataHeader(8, 8, 16);
-  header.kind = static_cast<uint8_t>(FrameKind::kPiece);
+  header.flags = kFrameResent;
   EXPECT_EQ(parseFrameHeader(bytesOf(header)).offset, 8u);
-  header.error_kind = kPieceResent;
-  EXPECT_EQ(parseFrameHeader(bytesOf(header)).error_kind, kPieceResent);
-  header.error_kind = 2;
-  expectProtocolError([&] { parseFrameHeader(bytesOf(header)); }, "piece frame with flags 2");
-  header = dataHeader(9, 8, 16);
-  header.kind = static_cast<uint8_t>(FrameKind::kPiece);
-  expectProtocolError([&] { parseFrameHeader(bytesOf(header)); },
-                      "data frame [8, +9) outside its message of 16 bytes");
+  header.flags = 2;
+  expectProtocolError([&] { parseFrameHeader(bytesOf(header)); }, "data frame with flags 2");
 }
 
 TEST(FrameParser, RejectsDataOutsideItsMessage) {
@@ -173,24 +178,38 @@ TEST(FrameParser, RejectsDataOutsideItsMessage) {
                       "outside its message");
 }
 
-TEST(FrameParser, RejectsOversizedAbortAndUnknownErrorKind) {
+TEST(FrameParser, RejectsFramesBeyondWhatTheLinkCarries) {
+  expectProtocolError([&] { validateFrameHeader(dataHeader(8192, 0, 1 << 20), 8112); },
+                      "data frame of 8192 bytes exceeds the link's limit of 8112");
+}
+
+TEST(FrameParser, RejectsOversizedControlPayloadsAndUnknownErrorKind) {
   FrameHeader header;
   header.kind = static_cast<uint8_t>(FrameKind::kAbort);
-  header.payload_bytes = kMaxAbortMessage + 1;
+  header.length = kMaxControlPayload + 1;
   expectProtocolError([&] { validateFrameHeader(header); },
                       "abort frame of 16385 bytes exceeds the limit of 16384");
-  header.payload_bytes = 10;
+  header.length = 10;
   header.error_kind = 200;
   expectProtocolError([&] { validateFrameHeader(header); },
                       "abort frame with unknown error kind 200");
+  header = FrameHeader{};
+  header.kind = static_cast<uint8_t>(FrameKind::kConnect);
+  header.length = kMaxControlPayload + 1;
+  expectProtocolError([&] { validateFrameHeader(header); },
+                      "connect frame of 16385 bytes exceeds the limit of 16384");
 }
 
-TEST(FrameParser, RejectsControlFramesWithPayload) {
+TEST(FrameParser, RejectsControlFramesWithPayloadAndEndsForNoLink) {
   FrameHeader header;
   header.kind = static_cast<uint8_t>(FrameKind::kPing);
-  header.payload_bytes = 1;
-  expectProtocolError([&] { validateFrameHeader(header); },
-                      "control frame (kind 6) with a payload");
+  header.length = 1;
+  expectProtocolError([&] { validateFrameHeader(header); }, "ping frame with a payload");
+  header = FrameHeader{};
+  header.kind = static_cast<uint8_t>(FrameKind::kWritten);
+  header.link = 64;
+  header.total = 2;
+  expectProtocolError([&] { validateFrameHeader(header); }, "written frame for link 64 of 2");
 }
 
 // ---- hellos -------------------------------------------------------------------------------
@@ -224,7 +243,7 @@ TEST(HelloParser, RefusesBeforeReadingTheToken) {
                       "not a railshard connection (bad hello magic 0x01020304)");
   hello = Hello{};
   hello.version = 1;
-  expectProtocolError([&] { helloSize(bytesOf(hello)); }, "wire version 1, expected 2");
+  expectProtocolError([&] { helloSize(bytesOf(hello)); }, "wire version 1, expected 3");
   hello = Hello{};
   hello.token_bytes = 65535;
   expectProtocolError([&] { helloSize(bytesOf(hello)); },
@@ -258,4 +277,4 @@ TEST(HelloParser, CheckNamesEachReason) {
 }
 
 }  // namespace
-}  // namespace railshard::transport::tcp
+}  // namespace railshard::transport::links::tcp

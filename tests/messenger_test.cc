@@ -92,7 +92,8 @@ class Pair {
         Messenger::Landing landing = to.arrivingLocked(l, frame.header);
         if (frame.header.length > 0 && !landing.discard) {
           EXPECT_NE(landing.target, nullptr);
-          if (landing.target != nullptr) std::memcpy(landing.target, frame.payload.data(), frame.header.length);
+          if (landing.target != nullptr)
+            std::memcpy(landing.target, frame.payload.data(), frame.header.length);
         }
         to.landedLocked(l, frame.header, landing);
       }
@@ -257,12 +258,13 @@ TEST(Messenger, AMismatchedTagIsRefusedBeforeAByteLandsOnEveryKindOfLink) {
     auto recv = pair.m[1]->irecv(got.data(), got.size(), tagOf(7, 1));
     pair.m[0]->isend(sent.data(), sent.size(), tagOf(7, 2));
     pair.deliverAll();
-    const std::string receiver =
-        errorOf<MismatchError>([&] { pair.mesh[1]->wait(recv, deadlineAfter(std::chrono::seconds(1))); });
+    const std::string receiver = errorOf<MismatchError>(
+        [&] { pair.mesh[1]->wait(recv, deadlineAfter(std::chrono::seconds(1))); });
     EXPECT_NE(receiver.find("rank 1: rank 0 sent a message with another tag"), std::string::npos)
         << kind.name << ": " << receiver;
     const std::string sender = errorOf<MismatchError>([&] { pair.mesh[0]->checkHealthy(); });
-    EXPECT_NE(sender.find("[reported by rank 1]"), std::string::npos) << kind.name << ": " << sender;
+    EXPECT_NE(sender.find("[reported by rank 1]"), std::string::npos)
+        << kind.name << ": " << sender;
     EXPECT_EQ(std::count(got.begin(), got.end(), 0xAB), static_cast<long>(got.size()))
         << kind.name << ": a byte landed";
   }
@@ -298,12 +300,14 @@ TEST(Messenger, ClosingWhileSendsAreQueuedDeliversThemThenSaysGoodbye) {
   pair.fake[0][0]->room = 1;  // one frame at a time: the rest wait in the messenger
   const auto sent = pattern(50000, 6);
   std::vector<RequestPtr> sends;
-  for (uint64_t i = 0; i < 3; ++i) sends.push_back(pair.m[0]->isend(sent.data(), sent.size(), tagOf(i)));
+  for (uint64_t i = 0; i < 3; ++i)
+    sends.push_back(pair.m[0]->isend(sent.data(), sent.size(), tagOf(i)));
   pair.m[0]->sayGoodbye();
   EXPECT_FALSE(pair.m[0]->drained()) << "frames are still queued";
   std::vector<std::vector<uint8_t>> got(3, std::vector<uint8_t>(sent.size()));
   std::vector<RequestPtr> recvs;
-  for (uint64_t i = 0; i < 3; ++i) recvs.push_back(pair.m[1]->irecv(got[i].data(), sent.size(), tagOf(i)));
+  for (uint64_t i = 0; i < 3; ++i)
+    recvs.push_back(pair.m[1]->irecv(got[i].data(), sent.size(), tagOf(i)));
   pair.deliverAll();
   EXPECT_TRUE(pair.m[0]->drained());
   for (uint64_t i = 0; i < 3; ++i) {
@@ -322,7 +326,8 @@ TEST(Messenger, ClosingWhileSendsAreQueuedDeliversThemThenSaysGoodbye) {
 
 TEST(Messenger, APeerSilentPastTheHeartbeatTimeoutIsLost) {
   Clock::time_point t = Clock::now();
-  Pair pair({socketLike("rail", 10)}, {true}, [&] { return t; }, std::chrono::seconds(10));
+  Pair pair(
+      {socketLike("rail", 10)}, {true}, [&] { return t; }, std::chrono::seconds(10));
   // Every 4 s both tick (a ping every fifth of the timeout); rank 0 hears rank 1 until t = 4 s.
   auto tick = [&] {
     pair.m[0]->tick();

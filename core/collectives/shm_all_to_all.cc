@@ -104,9 +104,8 @@ void ShmEngine::allToAll(const void* send, const std::vector<size_t>& send_count
                                         out + recv_displs[s] * element, recv_counts[s] * element);
       }
     } catch (const Error& e) {
-      abort(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +
-                           ": reading a block from another rank failed: " + e.what());
-      throwAborted();
+      fail(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +
+                          ": reading a block from another rank failed: " + e.what());
     }
     beginStep(tag);
     publishPosted();

@@ -26,12 +26,6 @@ using transport::links::shm::RankControl;
 
 namespace {
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // Runs fn(offset, length) over [0, count) in pieces of at most `piece` elements; once with
 // length 0 when count is 0, so that every rank still takes (and checks) one step.
 template <typename Fn>
@@ -61,9 +55,6 @@ struct BlockPieces {
   }
 };
 
-// How long a peer may stay silent before we look at whether its process still exists.
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-
 }  // namespace
 
 ShmEngine::ShmEngine(std::unique_ptr<transport::links::shm::ShmSegment> segment, int rank, int size,
@@ -78,7 +69,7 @@ ShmEngine::ShmEngine(std::unique_ptr<transport::links::shm::ShmSegment> segment,
   transport::messaging::MachineState machine;
   machine.cores = transport::messaging::allowedCores();
   machine.local_ranks = static_cast<unsigned>(size_);
-  wait_plan_ = transport::messaging::planWait(wait, machine, spin);
+  waiter_.setPlan(transport::messaging::planWait(wait, machine, spin));
   cores_ = machine.cores;
 }
 
@@ -123,23 +114,33 @@ void ShmEngine::throwAborted() {
   std::string message(header.abort_message);
   const int by = header.abort_rank.load();
   if (by != rank_) message += " [reported by rank " + std::to_string(nameOf(by)) + "]";
-  throwError(static_cast<ErrorKind>(header.abort_kind.load()), message);
+  const auto kind = static_cast<ErrorKind>(header.abort_kind.load());
+  if (failure_ == nullptr) throwError(kind, message);
+  // Another rank of this host aborted the segment: this rank's group fails with it too (and
+  // tells the ranks of other hosts, should that rank be gone); a failure the group had already
+  // wins.
+  failure_->fail(makeError(kind, message), true);
+  failure_->rethrow();
+}
+
+void ShmEngine::fail(ErrorKind kind, const std::string& message) {
+  abort(kind, message);
+  throwAborted();
 }
 
 void ShmEngine::checkPeerAlive(int peer, const char* what) {
   if (segment_->control(peer).left.load() != 0) {
-    abort(ErrorKind::kPeerLost,
-          "rank " + std::to_string(nameOf(rank_)) + ": rank " + std::to_string(nameOf(peer)) +
-              " closed its communicator while " + describeTag(tag_) + " waited for its " + what);
-    throwAborted();
+    fail(ErrorKind::kPeerLost, "rank " + std::to_string(nameOf(rank_)) + ": rank " +
+                                   std::to_string(nameOf(peer)) +
+                                   " closed its communicator while " + describeTag(tag_) +
+                                   " waited for its " + what);
   }
   const int32_t pid = segment_->control(peer).pid.load();
   if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-    const std::string message = "rank " + std::to_string(nameOf(rank_)) + ": rank " +
-                                std::to_string(nameOf(peer)) + " (pid " + std::to_string(pid) +
-                                ") exited while " + describeTag(tag_) + " waited for its " + what;
-    abort(ErrorKind::kPeerLost, message);
-    throwAborted();
+    fail(ErrorKind::kPeerLost, "rank " + std::to_string(nameOf(rank_)) + ": rank " +
+                                   std::to_string(nameOf(peer)) + " (pid " + std::to_string(pid) +
+                                   ") exited while " + describeTag(tag_) + " waited for its " +
+                                   what);
   }
 }
 
@@ -148,56 +149,27 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
   trace::Span span(trace::Category::kWait, "wait_peer");
   if (span.active()) span.event().peer = peer;
   auto& header = segment_->header();
-  const Clock::time_point spin_start = Clock::now();
-  // Poll with `pause` while the rank waited for is likely running on another core, then
-  // yield the core (it may need ours), then sleep (wait_policy.h says how long each).
-  bool yielding = wait_plan_.pause == Duration(0);
-  for (uint32_t i = 1; wait_plan_.poll > Duration(0); ++i) {
-    if (yielding) {
-      sched_yield();
-    } else {
-      cpuRelax();
-    }
-    if (FutexWord::reached(flag.load(), target)) return;
-    if ((i & 63u) == 0 || yielding) {
-      if (header.aborted.load() != 0) throwAborted();
-      const auto spent = Clock::now() - spin_start;
-      if (spent >= wait_plan_.poll) break;
-      yielding = yielding || spent >= wait_plan_.pause;
-    }
-  }
   const Clock::time_point start = Clock::now();
-  const Deadline deadline = start + timeout_;
-  Clock::time_point next_liveness = start + kLivenessPeriod;
-  while (true) {
-    const uint32_t seen = flag.load();
-    if (FutexWord::reached(seen, target)) return;
-    if (header.aborted.load() != 0) throwAborted();
-    const auto now = Clock::now();
-    if (now >= next_liveness || segment_->control(peer).left.load() != 0) {
-      checkPeerAlive(peer, what);
-      if (health_check_) {
-        try {
-          health_check_();
-        } catch (const Error& e) {
-          abort(kindOf(e), e.what());
-          throwAborted();
-        }
-      }
-      next_liveness = now + kLivenessPeriod;
-    }
-    if (now >= deadline) {
-      std::string message = "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag_) +
-                            " timed out after " +
-                            std::to_string(std::chrono::duration<double>(now - start).count()) +
-                            " s waiting for rank " + std::to_string(nameOf(peer)) + "'s " + what +
-                            " (RAILSHARD_TIMEOUT)";
-      if (timeout_explainer_) message += ": " + timeout_explainer_(tag_);
-      abort(ErrorKind::kTimeout, message);
-      throwAborted();
-    }
-    flag.sleepWhile(seen, std::min<Duration>(kLivenessPeriod, deadline - now), header.sleepers);
-  }
+  const bool arrived = waiter_.wait(
+      [&] {
+        if (FutexWord::reached(flag.load(), target)) return true;
+        if (header.aborted.load() != 0) throwAborted();
+        return false;
+      },
+      flag, header.sleepers, start + timeout_,
+      [&] {
+        checkPeerAlive(peer, what);
+        // The group failed elsewhere (a lost peer on another host): its hook aborted the
+        // segment, but a wait that slept through it looks here too.
+        if (failure_ != nullptr && failure_->failed()) failure_->rethrow();
+      });
+  if (arrived) return;
+  std::string message = "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag_) +
+                        " timed out after " + std::to_string(secondsSince(start)) +
+                        " s waiting for rank " + std::to_string(nameOf(peer)) + "'s " + what +
+                        " (RAILSHARD_TIMEOUT)";
+  if (timeout_explainer_) message += ": " + timeout_explainer_(tag_);
+  fail(ErrorKind::kTimeout, message);
 }
 
 void ShmEngine::beginStep(const transport::MessageTag& tag) {
@@ -223,9 +195,7 @@ void ShmEngine::waitPosted(int peer) {
   waitFor(peer, box.posted, step_, "data");
   if (!(box.header == tag_)) {
     const transport::MessageTag theirs = box.header;
-    const std::string message = describeMismatch(nameOf(rank_), tag_, nameOf(peer), theirs);
-    abort(ErrorKind::kMismatch, message);
-    throwAborted();
+    fail(ErrorKind::kMismatch, describeMismatch(nameOf(rank_), tag_, nameOf(peer), theirs));
   }
 }
 

@@ -12,7 +12,8 @@
 #include "base/types.h"
 #include "transport/message_tag.h"
 #include "transport/links/shm/shm_segment.h"
-#include "transport/messaging/wait_policy.h"
+#include "transport/messaging/failure_state.h"
+#include "transport/messaging/waiter.h"
 
 namespace railshard::transport::links::shm {
 class PeerMappings;
@@ -90,15 +91,15 @@ class ShmEngine {
   bool everyoneReadsEveryone() const;
   // Deadline of every wait from now on (a per-call override of Config::timeout).
   void setTimeout(Duration timeout) { timeout_ = timeout; }
-  // Called while a wait sleeps (every 100 ms); throws when the ranks' other channel (the TCP
-  // transport, with its heartbeat) has found a peer lost. The error then aborts the segment
-  // so that every rank on the host wakes with it.
-  void setHealthCheck(std::function<void()> check) { health_check_ = std::move(check); }
+  // The group's one error state: an error found here fails the whole group (its messengers
+  // tell the other hosts' ranks), and one found anywhere in it reaches the waits here (the
+  // group's failure aborts the segment: Channels joins the two). Null: the segment alone.
+  void setFailure(transport::messaging::FailureState* failure) { failure_ = failure; }
   // Says who is missing when a wait times out (see Transport::setTimeoutExplainer).
   void setTimeoutExplainer(std::function<std::string(const transport::MessageTag&)> explain) {
     timeout_explainer_ = std::move(explain);
   }
-  // Makes every rank's current and next wait fail with this error.
+  // Makes every rank's current and next wait on the segment fail with this error.
   void abort(ErrorKind kind, const std::string& message);
 
  private:
@@ -117,7 +118,10 @@ class ShmEngine {
   // hand-off (which then starts at the next step).
   bool singleCopyAllreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                            const transport::MessageTag& tag);
+  // The segment's error, raised as the group's (whose first error wins).
   [[noreturn]] void throwAborted();
+  // An error this rank found: the segment and the group fail with it, and it is raised.
+  [[noreturn]] void fail(ErrorKind kind, const std::string& message);
   void checkPeerAlive(int peer, const char* what);
 
   std::unique_ptr<transport::links::shm::ShmSegment> segment_;
@@ -128,13 +132,13 @@ class ShmEngine {
   transport::MessageTag tag_;  // collective of the current step
   std::vector<int> names_;
   // How waits poll (transport/messaging/wait_policy.h), planned once from the cores.
-  transport::messaging::WaitPlan wait_plan_;
+  transport::messaging::Waiter waiter_;
   unsigned cores_ = 1;  // cores this rank may run on (the single copy reads across within them)
   size_t single_copy_bytes_ = 0;
   bool cross_read_ = false;
   // The peers' shared regions this rank mapped (shm_single_copy.cc).
   std::unique_ptr<transport::links::shm::PeerMappings> peer_mappings_;
-  std::function<void()> health_check_;
+  transport::messaging::FailureState* failure_ = nullptr;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
 };
 

@@ -158,9 +158,8 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
       }
     }
   } catch (const Error& e) {
-    abort(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +
+    fail(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +
                          ": reading another rank's buffer failed: " + e.what());
-    throwAborted();
   }
   // 4. Done reading: nobody returns (and lets its caller reuse the buffers) before all have.
   beginStep(tag);

@@ -63,9 +63,7 @@ class FakeLink final : public transport::links::Link {
   explicit FakeLink(LinkAttributes attributes) : attributes_(std::move(attributes)) {}
 
   const LinkAttributes& attributes() const override { return attributes_; }
-  bool canPost() const override {
-    return !down && static_cast<int>(unfinished.size()) < room;
-  }
+  bool canPost() const override { return !down && static_cast<int>(unfinished.size()) < room; }
   bool post(const OutFramePtr& frame) override {
     wire.push_back(Wire{frame->header, payloadOf(*frame)});
     ++posts;
@@ -108,10 +106,10 @@ class FakeLink final : public transport::links::Link {
   }
 
   LinkAttributes attributes_;
-  std::deque<Wire> wire;                 // data frames posted, not yet delivered
-  std::deque<Wire> control;              // control frames, not yet delivered
-  std::deque<OutFramePtr> unfinished;    // posted, completion not yet reported (lanes)
-  int room = INT_MAX;                    // frames it takes before it has no room
+  std::deque<Wire> wire;               // data frames posted, not yet delivered
+  std::deque<Wire> control;            // control frames, not yet delivered
+  std::deque<OutFramePtr> unfinished;  // posted, completion not yet reported (lanes)
+  int room = INT_MAX;                  // frames it takes before it has no room
   bool down = false;
   bool detached = false;
   int posts = 0;

@@ -32,9 +32,9 @@ enum class Delivery : uint8_t {
 // messenger above chooses from these numbers, and measures the rate from then on.
 struct LinkAttributes {
   LinkKind kind = LinkKind::kTcp;
-  std::string name;    // "rail0", "mlx5_0:1", "shm": logs, rail status, trace tracks
-  std::string local;   // local address ("" for a default connection)
-  std::string remote;  // the peer's address
+  std::string name;       // "rail0", "mlx5_0:1", "shm": logs, rail status, trace tracks
+  std::string local;      // local address ("" for a default connection)
+  std::string remote;     // the peer's address
   double latency_us = 0;  // α, nominal
   double gbps = 0;        // β, nominal payload rate (Gbit/s); 0 = unknown
   // Largest payload of one frame: a message is cut into pieces of at most this.

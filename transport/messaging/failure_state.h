@@ -30,7 +30,7 @@ class FailureState {
   // sends the abort on; the host's segment is aborted. `lost_rank`: the first peer found lost,
   // -1 when none.
   using Hook = std::function<void(ErrorKind kind, const std::string& message, int lost_rank,
-                                   bool tell_peers)>;
+                                  bool tell_peers)>;
 
   explicit FailureState(int rank) : rank_(rank) {}
 

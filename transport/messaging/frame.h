@@ -32,15 +32,15 @@ enum class FrameKind : uint8_t {
   kWritten = 5,   // rendezvous: message `message` was written into the granted buffer; `link`
                   // and `total` as for kReadDone
   // Not sequenced.
-  kBye = 8,         // closing: `message` = messages sent in total; travels behind the data
-  kAck = 9,         // link `link` (generation) carried `message` sequenced frames of the peer's
-                    // whole; `offset`: the sender's clock (ns) when it was queued
-  kPing = 10,       // asks for an ack on this link (proof that the link and the peer are alive)
-  kLinkDown = 11,   // link `link` (generation) is out: the sender took `message` sequenced frames
-                    // of it whole; the peer re-sends the rest on the other links
-  kAbort = 12,      // payload: the error's text; error_kind: its kind; `message`: lost rank + 1
-  kConnect = 13,    // (re)connect link `link` at `generation`; payload: its connection record
-                    // (empty: "this rank wants the link", to the rank that initiates)
+  kBye = 8,          // closing: `message` = messages sent in total; travels behind the data
+  kAck = 9,          // link `link` (generation) carried `message` sequenced frames of the peer's
+                     // whole; `offset`: the sender's clock (ns) when it was queued
+  kPing = 10,        // asks for an ack on this link (proof that the link and the peer are alive)
+  kLinkDown = 11,    // link `link` (generation) is out: the sender took `message` sequenced frames
+                     // of it whole; the peer re-sends the rest on the other links
+  kAbort = 12,       // payload: the error's text; error_kind: its kind; `message`: lost rank + 1
+  kConnect = 13,     // (re)connect link `link` at `generation`; payload: its connection record
+                     // (empty: "this rank wants the link", to the rank that initiates)
   kConnectAck = 14,  // the accepting side's record for link `link` at `generation`
   kConnected = 15,   // sent on the re-made link itself: the path works both ways
 };

@@ -151,9 +151,9 @@ void Mesh::wait(const RequestPtr& request, Deadline deadline) {
   if (failure_.failed()) failure_.rethrow();
   std::ostringstream message;
   const bool is_send = request->kind() == Request::Kind::kSend;
-  const std::string what = formatter_.describe ? formatter_.describe(request->tag())
-                                               : "message #" +
-                                                     std::to_string(request->tag().sequence);
+  const std::string what = formatter_.describe
+                               ? formatter_.describe(request->tag())
+                               : "message #" + std::to_string(request->tag().sequence);
   message << "rank " << rank_ << ": " << what << " timed out waiting "
           << (is_send ? "to send to " : "to receive from ") << "rank " << request->peer()
           << " (RAILSHARD_TIMEOUT)";
@@ -222,10 +222,9 @@ void Mesh::setFailureListener(std::function<void(ErrorKind, const std::string&)>
     listener_hook_ = 0;
   }
   if (!listener) return;
-  listener_hook_ = failure_.addHook(
-      [listener = std::move(listener)](ErrorKind kind, const std::string& message, int, bool) {
-        listener(kind, message);
-      });
+  listener_hook_ =
+      failure_.addHook([listener = std::move(listener)](ErrorKind kind, const std::string& message,
+                                                        int, bool) { listener(kind, message); });
 }
 
 }  // namespace railshard::transport::messaging

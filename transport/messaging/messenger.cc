@@ -65,7 +65,8 @@ void Messenger::connect() {
   connect_asked_ = true;
   if (!options_.initiator) return;
   for (auto& l : links_) {
-    if (l->state == State::kConnecting && !l->attributes().redials && l->connect == Connect::kIdle) {
+    if (l->state == State::kConnecting && !l->attributes().redials &&
+        l->connect == Connect::kIdle) {
       startConnectLocked(*l);
     }
   }
@@ -161,8 +162,7 @@ RequestPtr Messenger::isend(const void* data, size_t bytes, const MessageTag& ta
       } else {
         failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) + ": cannot send " +
                                              describe(tag) + " to " + peerName() +
-                                             ": every link is down (" + linksSummaryLocked() +
-                                             ")");
+                                             ": every link is down (" + linksSummaryLocked() + ")");
       }
     }
   }
@@ -234,6 +234,13 @@ void Messenger::poll() {
 void Messenger::tick() {
   Guard guard(*this);
   if (failed() || lost_) return;
+  // Polled links move along at least this often, whoever waits (a peer's heartbeat, an abort,
+  // its process's end are seen even by a rank that computes).
+  if (polled_) {
+    for (auto& l : links_) {
+      if (l->attributes().polled) l->link->poll();
+    }
+  }
   const Clock::time_point t = now();
   heartbeatLocked(t);
   if (lost_) return;

@@ -38,11 +38,11 @@ struct Group {
   int rank = 0;
   const TagFormatter* formatter = nullptr;
   FailureState* failure = nullptr;
-  Wake* wake = nullptr;                      // bumped when a request completes or a message begins
+  Wake* wake = nullptr;  // bumped when a request completes or a message begins
   const CurrentCollective* current = nullptr;  // null: no check of unsolicited messages
-  std::atomic<int>* trace_rank = nullptr;    // world rank of trace events; null or < 0: none
-  const CudaDriver* cuda = nullptr;          // null: every buffer is host memory
-  std::function<Clock::time_point()> now;    // the clock; null: the steady clock (tests script it)
+  std::atomic<int>* trace_rank = nullptr;      // world rank of trace events; null or < 0: none
+  const CudaDriver* cuda = nullptr;            // null: every buffer is host memory
+  std::function<Clock::time_point()> now;  // the clock; null: the steady clock (tests script it)
 };
 
 struct MessengerOptions {
@@ -157,10 +157,10 @@ class Messenger {
   void roomLocked(int link);
   // Where an arriving frame's payload goes, decided from its header before a byte of it lands.
   struct Landing {
-    uint8_t* target = nullptr;    // its header.length payload bytes go here
-    bool discard = false;         // read them and drop them (a failure, a refused frame)
+    uint8_t* target = nullptr;        // its header.length payload bytes go here
+    bool discard = false;             // read them and drop them (a failure, a refused frame)
     std::shared_ptr<Incoming> entry;  // a piece of a message: the message
-    std::vector<uint8_t> buffer;  // a control payload, or a device receive's bounce
+    std::vector<uint8_t> buffer;      // a control payload, or a device receive's bounce
   };
   Landing arrivingLocked(int link, const FrameHeader& header);
   // Its whole payload is where arrivingLocked said.
@@ -202,8 +202,9 @@ class Messenger {
   // messenger_send.cc
   void planLocked(const std::shared_ptr<SendOp>& op);
   // Queues `length` bytes of `op` from `offset` on `link`, cut into frames it can carry.
-  void queuePiecesLocked(LinkState& link, const std::shared_ptr<SendOp>& op, const FrameHeader& base,
-                         const uint8_t* data, uint64_t offset, uint64_t length);
+  void queuePiecesLocked(LinkState& link, const std::shared_ptr<SendOp>& op,
+                         const FrameHeader& base, const uint8_t* data, uint64_t offset,
+                         uint64_t length);
   void pumpLocked(LinkState& link);
   void pumpAllLocked();
   void postFrameLocked(LinkState& link, const OutFramePtr& frame);
@@ -309,6 +310,8 @@ class Messenger {
   std::map<uint64_t, std::shared_ptr<Rendezvous>> granted_;
   std::map<uint64_t, std::shared_ptr<Rendezvous>> cookies_;
   uint64_t next_cookie_ = 1;
+  bool pumping_one_sided_ = false;
+  bool repump_one_sided_ = false;
   bool registration_logged_ = false;  // "cannot register a send buffer" is said once
 };
 

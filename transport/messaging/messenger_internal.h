@@ -36,7 +36,7 @@ struct Messenger::LinkState {
   int rail = -1;  // in the scheduler (data links); -1: control only
   State state = State::kConnecting;
   bool ever_up = false;
-  uint32_t generation = 0;  // of the connection now (or being made)
+  uint32_t generation = 0;          // of the connection now (or being made)
   std::deque<OutFramePtr> queue;    // not yet posted, in order
   std::deque<OutFramePtr> posted;   // posted, completion on the link not yet seen
   std::deque<OutFramePtr> unacked;  // complete on the link, kept until the peer has them
@@ -63,11 +63,11 @@ struct Messenger::LinkState {
   bool sample_open = false;
   uint64_t sample_ns = 0;
   uint64_t sample_bytes = 0;
-  Clock::time_point last_progress{};  // last delivery, or when it became busy
-  Clock::time_point last_heard{};     // last frame that arrived on it
-  Clock::time_point pinged{};         // last ping sent for it (stall suspicion)
-  uint64_t bytes_sent = 0;            // payload handed to it (of messages)
-  uint64_t bytes_in_place = 0;        // of those, moved one-sided
+  Clock::time_point last_progress{};   // last delivery, or when it became busy
+  Clock::time_point last_heard{};      // last frame that arrived on it
+  Clock::time_point pinged{};          // last ping sent for it (stall suspicion)
+  uint64_t bytes_sent = 0;             // payload handed to it (of messages)
+  uint64_t bytes_in_place = 0;         // of those, moved one-sided
   Clock::time_point last_one_sided{};  // its last one-sided completion (service-time samples)
   int32_t trace_track = 0;
 

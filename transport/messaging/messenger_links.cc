@@ -57,7 +57,8 @@ std::string Messenger::linksSummaryLocked() const {
   for (const auto& link : links_) {
     if (!link->data()) continue;
     char rate[32] = "";
-    if (data_links_ > 1) std::snprintf(rate, sizeof(rate), " %.3f Gbit/s", scheduler_->gbps(link->rail));
+    if (data_links_ > 1)
+      std::snprintf(rate, sizeof(rate), " %.3f Gbit/s", scheduler_->gbps(link->rail));
     text += (text.empty() ? "" : ", ") + link->attributes().name + rate + " " +
             (link->up() ? std::string("up")
                         : "down: " + (link->down_reason.empty() ? std::string("not connected")
@@ -276,8 +277,8 @@ void Messenger::resendFrameLocked(const OutFramePtr& frame, bool complete) {
 }
 
 bool Messenger::rejoinableLocked(const LinkState& link) const {
-  return link.state == State::kDown && link.quiesced && link.report_sent &&
-         link.report_received && link.connect == Connect::kIdle;
+  return link.state == State::kDown && link.quiesced && link.report_sent && link.report_received &&
+         link.connect == Connect::kIdle;
 }
 
 bool Messenger::redialWantedLocked(int index, uint32_t generation) const {
@@ -317,11 +318,10 @@ void Messenger::upLocked(LinkState& link, uint32_t generation) {
     RS_LOG_DEBUG("rank {}: {} to rank {} connected (generation {})", group_.rank,
                  link.attributes().name, options_.peer, generation);
   } else {
-    RS_LOG_WARN("rank {}: rail {} ({} -> {}) to rank {} is back; re-admitted at {:.3f} Gbit/s",
-                group_.rank, link.attributes().name,
-                link.attributes().local.empty() ? "-" : link.attributes().local,
-                link.attributes().remote, options_.peer,
-                link.data() ? scheduler_->gbps(link.rail) : 0.0);
+    RS_LOG_WARN(
+        "rank {}: rail {} ({} -> {}) to rank {} is back; re-admitted at {:.3f} Gbit/s", group_.rank,
+        link.attributes().name, link.attributes().local.empty() ? "-" : link.attributes().local,
+        link.attributes().remote, options_.peer, link.data() ? scheduler_->gbps(link.rail) : 0.0);
   }
   if (link.data()) {
     // Sends made before any data link was up, in message order.
@@ -369,10 +369,9 @@ void Messenger::startConnectLocked(LinkState& link) {
   } catch (const Error& e) {
     if (!link.ever_up) {
       // Its first connection: what start-up would raise, raised now.
-      failLocked(ErrorKind::kConfig, "rank " + std::to_string(group_.rank) + ": " +
-                                         link.attributes().name + " to rank " +
-                                         std::to_string(options_.peer) + ": cannot connect: " +
-                                         e.what());
+      failLocked(ErrorKind::kConfig,
+                 "rank " + std::to_string(group_.rank) + ": " + link.attributes().name +
+                     " to rank " + std::to_string(options_.peer) + ": cannot connect: " + e.what());
     } else {
       RS_LOG_WARN("rank {}: {} to rank {}: cannot make it again: {}", group_.rank,
                   link.attributes().name, options_.peer, e.what());
@@ -471,8 +470,8 @@ void Messenger::heartbeatLocked(Clock::time_point t) {
        << std::chrono::duration<double>(quiet).count() << " s (RAILSHARD_HEARTBEAT_TIMEOUT is "
        << std::chrono::duration<double>(timeout).count()
        << " s; the process is stopped or hung, or its host is unreachable)";
-  peerLostLocked(text.str(), "rank " + std::to_string(group_.rank) + ": " + peerName() + " " +
-                                 text.str());
+  peerLostLocked(text.str(),
+                 "rank " + std::to_string(group_.rank) + ": " + peerName() + " " + text.str());
 }
 
 void Messenger::checkStallsLocked(Clock::time_point t) {
@@ -518,7 +517,8 @@ void Messenger::rejoinLocked(Clock::time_point t) {
       link->connect = Connect::kIdle;
     }
     if (link->connect != Connect::kIdle || !link->quiesced) continue;
-    const Duration retry = interval > Duration::zero() ? interval : Duration(std::chrono::seconds(1));
+    const Duration retry =
+        interval > Duration::zero() ? interval : Duration(std::chrono::seconds(1));
     if (link->last_attempt != Clock::time_point{} && t - link->last_attempt < retry) continue;
     if (link->attributes().redials) {
       link->last_attempt = t;

@@ -111,8 +111,8 @@ void Messenger::landedLocked(int index, const FrameHeader& header, Landing& land
     case FrameKind::kConnect:
     case FrameKind::kConnectAck: {
       if (header.link >= links_.size()) {
-        failLocked(ErrorKind::kProtocol, "rank " + std::to_string(group_.rank) + ": " +
-                                             peerName() + " sent a connection record for link " +
+        failLocked(ErrorKind::kProtocol, "rank " + std::to_string(group_.rank) + ": " + peerName() +
+                                             " sent a connection record for link " +
                                              std::to_string(header.link) + " of " +
                                              std::to_string(links_.size()));
         break;
@@ -140,9 +140,9 @@ void Messenger::onDataLandedLocked(LinkState& link, const FrameHeader& header, L
   if (!landing.buffer.empty() && !entry.staging) {
     // A receive in GPU memory: this piece goes in now.
     std::string why;
-    if (group_.cuda == nullptr || !group_.cuda->copyToDevice(entry.user + header.offset,
-                                                             landing.buffer.data(),
-                                                             header.length, why)) {
+    if (group_.cuda == nullptr ||
+        !group_.cuda->copyToDevice(entry.user + header.offset, landing.buffer.data(), header.length,
+                                   why)) {
       failLocked(ErrorKind::kGeneric, "rank " + std::to_string(group_.rank) +
                                           ": copying a piece into GPU memory failed: " + why);
       return;
@@ -222,9 +222,9 @@ void Messenger::onAbortLocked(const FrameHeader& header, const std::string& text
   // ends, so every peer reads an abort before it sees that rank's links close.
   const bool tagged = text.find("[reported by rank") != std::string::npos;
   if (header.message > 0) {
-    group_.failure->recordLost(static_cast<int>(header.message - 1),
-                               "reported lost by rank " + std::to_string(options_.peer) + ": " +
-                                   text);
+    group_.failure->recordLost(
+        static_cast<int>(header.message - 1),
+        "reported lost by rank " + std::to_string(options_.peer) + ": " + text);
   }
   failLocked(static_cast<ErrorKind>(header.error_kind),
              tagged ? text : text + " [reported by rank " + std::to_string(options_.peer) + "]");

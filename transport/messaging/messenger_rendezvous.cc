@@ -179,12 +179,12 @@ void Messenger::onOfferLocked(LinkState& link, const FrameHeader& header, Landin
     }
   }
   // The whole message as one piece: the book checks it as it checks pieces of frames.
-  MessageBook::Arrival arrival = book_.arrive(
-      PieceInfo{header.message, header.tag, header.total, 0, header.total},
-      [&](const MessageTag& theirs) -> std::optional<std::string> {
-        if (group_.current == nullptr) return std::nullopt;
-        return group_.current->unsolicited(options_.peer, theirs);
-      });
+  MessageBook::Arrival arrival =
+      book_.arrive(PieceInfo{header.message, header.tag, header.total, 0, header.total},
+                   [&](const MessageTag& theirs) -> std::optional<std::string> {
+                     if (group_.current == nullptr) return std::nullopt;
+                     return group_.current->unsolicited(options_.peer, theirs);
+                   });
   if (arrival.problem) {
     failLocked(arrival.problem->kind, arrival.problem->text);
     return;
@@ -205,12 +205,12 @@ void Messenger::onOfferLocked(LinkState& link, const FrameHeader& header, Landin
   }
   std::string why;
   if (!registerLocked(*move, write ? links::kRemoteWrite : links::kLocalWrite, why)) {
-    failLocked(ErrorKind::kGeneric,
-               "rank " + std::to_string(group_.rank) + ": registering a " +
-                   std::to_string(move->total) + "-byte receive buffer for " +
-                   describe(header.tag) + " from rank " + std::to_string(options_.peer) +
-                   " failed: " + why + " (raise `ulimit -l`, or set RAILSHARD_IB_RENDEZVOUS=0 "
-                   "on every rank)");
+    failLocked(ErrorKind::kGeneric, "rank " + std::to_string(group_.rank) + ": registering a " +
+                                        std::to_string(move->total) + "-byte receive buffer for " +
+                                        describe(header.tag) + " from rank " +
+                                        std::to_string(options_.peer) + " failed: " + why +
+                                        " (raise `ulimit -l`, or set RAILSHARD_IB_RENDEZVOUS=0 "
+                                        "on every rank)");
     return;
   }
   if (write) {
@@ -273,10 +273,10 @@ void Messenger::planMovesLocked(Rendezvous& move) {
     }
   }
   if (usable.empty()) {
-    failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) +
-                                         ": no link to " + peerName() +
-                                         " can move message " + std::to_string(move.message) +
-                                         " in place (" + linksSummaryLocked() + ")");
+    failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) + ": no link to " +
+                                         peerName() + " can move message " +
+                                         std::to_string(move.message) + " in place (" +
+                                         linksSummaryLocked() + ")");
     return;
   }
   size_t next = 0;
@@ -295,26 +295,41 @@ void Messenger::planMovesLocked(Rendezvous& move) {
 }
 
 void Messenger::pumpOneSidedLocked() {
-  if (failed()) return;
-  for (const auto& move : moves_) {
-    for (size_t i = 0; i < move->queued.size(); ++i) {
-      LinkState& link = *links_[i];
-      auto& queue = move->queued[i];
-      while (!queue.empty() && link.up() && link.link->canPostOneSided(move->write)) {
-        Rendezvous::Piece piece = queue.front();
-        queue.pop_front();
-        piece.posted = now();
-        piece.trace_ns = trace::enabled() ? trace::now() : 0;
-        const uint64_t cookie = next_cookie_++;
-        move->in_flight[cookie] = piece;
-        move->links_used |= uint64_t{1} << i;
-        cookies_[cookie] = move;
-        link.link->postOneSided(move->write, move->local + piece.offset, move->keys[i],
-                                move->remote.address + piece.offset, move->remote.keys[i],
-                                piece.length, cookie);
+  // A link that moves synchronously (shared memory) is done at once: those completions are
+  // taken after the loop, and a pump they ask for meanwhile runs as another round.
+  if (pumping_one_sided_) {
+    repump_one_sided_ = true;
+    return;
+  }
+  pumping_one_sided_ = true;
+  do {
+    repump_one_sided_ = false;
+    std::vector<std::pair<int, uint64_t>> done;
+    const std::vector<std::shared_ptr<Rendezvous>> moves = moves_;
+    for (const auto& move : moves) {
+      for (size_t i = 0; i < move->queued.size() && !failed(); ++i) {
+        LinkState& link = *links_[i];
+        auto& queue = move->queued[i];
+        while (!queue.empty() && link.up() && link.link->canPostOneSided(move->write)) {
+          Rendezvous::Piece piece = queue.front();
+          queue.pop_front();
+          piece.posted = now();
+          piece.trace_ns = trace::enabled() ? trace::now() : 0;
+          const uint64_t cookie = next_cookie_++;
+          move->in_flight[cookie] = piece;
+          move->links_used |= uint64_t{1} << i;
+          cookies_[cookie] = move;
+          if (link.link->postOneSided(move->write, move->local + piece.offset, move->keys[i],
+                                      move->remote.address + piece.offset, move->remote.keys[i],
+                                      piece.length, cookie)) {
+            done.emplace_back(static_cast<int>(i), cookie);
+          }
+        }
       }
     }
-  }
+    for (const auto& [link, cookie] : done) oneSidedDoneLocked(link, cookie);
+  } while (repump_one_sided_ && !failed());
+  pumping_one_sided_ = false;
 }
 
 void Messenger::oneSidedDoneLocked(int index, uint64_t cookie) {
@@ -346,8 +361,8 @@ void Messenger::oneSidedDoneLocked(int index, uint64_t cookie) {
     scheduler_->record(link.rail, piece.length, std::chrono::duration<double>(t - start).count());
   }
   const bool all_done =
-      move->in_flight.empty() &&
-      std::all_of(move->queued.begin(), move->queued.end(), [](const auto& q) { return q.empty(); });
+      move->in_flight.empty() && std::all_of(move->queued.begin(), move->queued.end(),
+                                             [](const auto& q) { return q.empty(); });
   if (all_done) oneSidedFinishedLocked(move);
   pumpOneSidedLocked();
 }
@@ -390,8 +405,8 @@ void Messenger::oneSidedFinishedLocked(const std::shared_ptr<Rendezvous>& move) 
   IncomingPtr done = book_.landed(move->message, *move->entry, move->total);
   if (done) {
     completeIncomingLocked(*done, !move->bounce.empty() ? move->bounce.data()
-                                  : done->staging      ? done->staged.data()
-                                                       : nullptr);
+                                  : done->staging       ? done->staged.data()
+                                                        : nullptr);
   }
 }
 
@@ -425,8 +440,8 @@ void Messenger::onEndLocked(const FrameHeader& header) {
   IncomingPtr done = book_.landed(move->message, *move->entry, move->total);
   if (done) {
     completeIncomingLocked(*done, !move->bounce.empty() ? move->bounce.data()
-                                  : done->staging      ? done->staged.data()
-                                                       : nullptr);
+                                  : done->staging       ? done->staged.data()
+                                                        : nullptr);
   }
 }
 

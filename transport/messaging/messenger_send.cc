@@ -339,13 +339,20 @@ bool Messenger::stealForLocked(LinkState& idle) {
 
 Messenger::LinkState* Messenger::controlLinkLocked() {
   // The fastest data link up (an acknowledgement queues behind data on the link it takes: a
-  // slow link's backlog would delay it and make that link look slower than it is), else a link
-  // that carries control only.
-  if (dataLinkUpLocked()) return &at(link_of_rail_[static_cast<size_t>(scheduler_->fastest())]);
-  for (auto& link : links_) {
-    if (link->up()) return link.get();
+  // slow link's backlog would delay it and make that link look slower than it is), unless only
+  // waits move it (shared memory: a peer that computes would not read a ping there); else a
+  // link that carries control only.
+  if (dataLinkUpLocked()) {
+    LinkState& fastest = at(link_of_rail_[static_cast<size_t>(scheduler_->fastest())]);
+    if (!fastest.attributes().polled) return &fastest;
   }
-  return nullptr;
+  LinkState* polled = nullptr;
+  for (auto& link : links_) {
+    if (!link->up()) continue;
+    if (!link->attributes().polled) return link.get();
+    if (polled == nullptr) polled = link.get();
+  }
+  return polled;
 }
 
 void Messenger::sendControlLocked(FrameHeader header, const std::string& payload, LinkState* via) {
@@ -360,7 +367,8 @@ void Messenger::traceRailLocked(LinkState& link, const OutFrame& frame, const ch
   if (rank < 0) return;
   const links::LinkAttributes& a = link.attributes();
   if (link.trace_track == 0) {
-    link.trace_track = trace::track(rank, a.name + " to rank " + std::to_string(options_.peer), a.name);
+    link.trace_track =
+        trace::track(rank, a.name + " to rank " + std::to_string(options_.peer), a.name);
   }
   trace::Event e;
   e.category = trace::Category::kRail;

@@ -40,10 +40,10 @@ struct Rendezvous {
   bool write = false;  // the sender writes (else the receiver reads)
   uint64_t message = 0;
   uint64_t total = 0;
-  std::shared_ptr<SendOp> send;  // the sender's side
-  IncomingPtr entry;             // the receiver's side: the message in its book
-  uint8_t* local = nullptr;      // this rank's buffer: the send's data, or where it lands
-  std::vector<uint8_t> bounce;   // a receive in GPU memory: moved here, then copied in
+  std::shared_ptr<SendOp> send;        // the sender's side
+  IncomingPtr entry;                   // the receiver's side: the message in its book
+  uint8_t* local = nullptr;            // this rank's buffer: the send's data, or where it lands
+  std::vector<uint8_t> bounce;         // a receive in GPU memory: moved here, then copied in
   std::vector<links::MemoryKey> keys;  // this rank's registrations, by link
   MemoryDescriptor remote;             // the peer's buffer and keys
   // The pieces this rank moves: not yet posted (by link), and in flight (by cookie).

@@ -105,10 +105,10 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
   // that every pair decides the same way on both ends.
   const std::string host = links::shm::hostIdentity();
   const auto key = [&](int r) { return options.key_prefix + "/ib/avail/" + std::to_string(r); };
-  store.setString(key(options.rank),
-                  (usable ? "1|" : "0|") + host + "|" + (driver ? driver->layers() : "") + "|" +
-                      found.why_none,
-                  timeout);
+  store.setString(
+      key(options.rank),
+      (usable ? "1|" : "0|") + host + "|" + (driver ? driver->layers() : "") + "|" + found.why_none,
+      timeout);
   auto plan = std::make_unique<RdmaPlan>();
   plan->lanes.resize(static_cast<size_t>(options.size));
   int peers = 0;
@@ -152,7 +152,8 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
   const RendezvousVerb verb = options.rendezvous_verb;
   plan->write_rendezvous =
       verb == RendezvousVerb::kWrite || (verb == RendezvousVerb::kAuto && driver->software());
-  plan->rendezvous_bytes = options.rendezvous_auto && driver->software() ? 0 : options.rendezvous_bytes;
+  plan->rendezvous_bytes =
+      options.rendezvous_auto && driver->software() ? 0 : options.rendezvous_bytes;
   if (options.rendezvous_auto && driver->software()) {
     RS_LOG_DEBUG(
         "rank {}: ibverbs: a rail is a software device: large messages staged "

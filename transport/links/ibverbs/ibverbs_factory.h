@@ -52,7 +52,7 @@ struct FactoryOptions {
 struct RdmaPlan {
   std::unique_ptr<Driver> driver;
   std::vector<std::vector<std::unique_ptr<Link>>> lanes;  // by rank; empty: not over RDMA
-  bool lazy = false;            // connected on first use, not at start-up
+  bool lazy = false;                                      // connected on first use, not at start-up
   size_t rendezvous_bytes = 0;  // messages from this size move in place (0: none)
   bool write_rendezvous = false;
   std::string rails;  // "mlx5_0:1 (RoCE, ...), ...", for the log

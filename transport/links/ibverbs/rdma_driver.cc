@@ -229,10 +229,10 @@ bool RdmaDriver::pollCompletions() {
     if (rail->cq == nullptr) continue;
     const int n = ibv_poll_cq(rail->cq, 32, completions);
     if (n < 0) {
-      options_.failure->fail(makeError(ErrorKind::kPeerLost,
-                                       "rank " + std::to_string(options_.rank) +
-                                           ": ibv_poll_cq on " + rail->port.device + " failed"),
-                             true);
+      options_.failure->fail(
+          makeError(ErrorKind::kPeerLost, "rank " + std::to_string(options_.rank) +
+                                              ": ibv_poll_cq on " + rail->port.device + " failed"),
+          true);
       return true;
     }
     for (int i = 0; i < n; ++i) {
@@ -305,8 +305,7 @@ void RdmaDriver::handleAsyncEvent(Rail& rail) {
       case IBV_EVENT_CQ_ERR: {
         if (&this->rail(lane->rail()) != &rail) break;
         auto guard = lane->messenger().guard();
-        lane->asyncFailureLocked(nullptr,
-                                 "asynchronous event " + name + " on " + rail.port.device);
+        lane->asyncFailureLocked(nullptr, "asynchronous event " + name + " on " + rail.port.device);
         break;
       }
       default:

@@ -52,8 +52,8 @@ int RdmaLane::postSendLocked(ibv_send_wr& wr) {
 }
 
 bool RdmaLane::canPost() const {
-  return connected_ && !failed_ && !shut_ && controls_.empty() &&
-         send_outstanding_ < send_depth_ && send_ && send_->available();
+  return connected_ && !failed_ && !shut_ && controls_.empty() && send_outstanding_ < send_depth_ &&
+         send_ && send_->available();
 }
 
 bool RdmaLane::post(const messaging::OutFramePtr& frame) {
@@ -77,15 +77,15 @@ void RdmaLane::postControlsLocked() {
          send_outstanding_ < send_depth_ && send_->available()) {
     Control control = std::move(controls_.front());
     controls_.pop_front();
-    if (!writeFrame(control.header,
-                    reinterpret_cast<const uint8_t*>(control.payload.data()), false, nullptr)) {
+    if (!writeFrame(control.header, reinterpret_cast<const uint8_t*>(control.payload.data()), false,
+                    nullptr)) {
       return;
     }
   }
 }
 
-bool RdmaLane::writeFrame(const messaging::FrameHeader& header, const uint8_t* payload,
-                          bool device, const messaging::OutFramePtr& frame) {
+bool RdmaLane::writeFrame(const messaging::FrameHeader& header, const uint8_t* payload, bool device,
+                          const messaging::OutFramePtr& frame) {
   const std::optional<uint32_t> acquired = send_->acquire();
   if (!acquired) return false;  // canPost() said there was room: not reached
   const uint32_t slot = *acquired;
@@ -237,8 +237,8 @@ bool RdmaLane::canPostOneSided(bool write) const {
   return std::any_of(table.begin(), table.end(), [](const OneSided& s) { return !s.busy; });
 }
 
-bool RdmaLane::postOneSided(bool write, uint8_t* local, const MemoryKey& local_key,
-                            uint64_t remote, uint64_t remote_key, size_t bytes, uint64_t cookie) {
+bool RdmaLane::postOneSided(bool write, uint8_t* local, const MemoryKey& local_key, uint64_t remote,
+                            uint64_t remote_key, size_t bytes, uint64_t cookie) {
   auto& table = write ? writes_ : reads_;
   const auto free_slot =
       std::find_if(table.begin(), table.end(), [](const OneSided& s) { return !s.busy; });

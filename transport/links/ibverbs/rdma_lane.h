@@ -116,13 +116,13 @@ class RdmaLane final : public Link {
   bool connected_ = false;    // its queue pair is at RTS
   bool failed_ = false;
   bool shut_ = false;
-  bool quiet_reported_ = true;  // nothing to report until it is shut
+  bool quiet_reported_ = true;   // nothing to report until it is shut
   std::string pending_failure_;  // found while posting, reported by reportLocked()
   std::vector<messaging::OutFramePtr> in_flight_;  // by staging slot: the frame (null: control)
-  std::deque<Control> controls_;                    // waiting for a slot
-  std::vector<OneSided> reads_;                     // by read slot
-  std::vector<OneSided> writes_;                    // by rendezvous-write slot
-  std::set<ibv_mr*> registrations_;                 // user memory registered on this lane
+  std::deque<Control> controls_;                   // waiting for a slot
+  std::vector<OneSided> reads_;                    // by read slot
+  std::vector<OneSided> writes_;                   // by rendezvous-write slot
+  std::set<ibv_mr*> registrations_;                // user memory registered on this lane
 };
 
 }  // namespace railshard::transport::links::ibverbs

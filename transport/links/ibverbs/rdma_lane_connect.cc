@@ -81,9 +81,9 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
   std::fill(in_flight_.begin(), in_flight_.end(), nullptr);
   if (recv_ring_.data == nullptr) {
     const auto slots = static_cast<uint32_t>(options.slots);
-    recv_ring_ = allocateRegistered(api, rail.pd, slots * options.slot_bytes,
-                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-                                    "a receive ring");
+    recv_ring_ =
+        allocateRegistered(api, rail.pd, slots * options.slot_bytes,
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a receive ring");
     local_.ring_addr = reinterpret_cast<uint64_t>(recv_ring_.data);
     local_.ring_rkey = recv_ring_.mr->rkey;
     local_.slots = slots;
@@ -138,8 +138,7 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
 }
 
 void RdmaLane::connectTo(const std::string& record) {
-  const LaneInfo remote =
-      LaneInfo::decode(std::vector<uint8_t>(record.begin(), record.end()));
+  const LaneInfo remote = LaneInfo::decode(std::vector<uint8_t>(record.begin(), record.end()));
   if (remote.rank != static_cast<uint32_t>(peer_) || remote.rail != static_cast<uint16_t>(rail_)) {
     throw ProtocolError("a connection record for rank " + std::to_string(remote.rank) + " rail " +
                         std::to_string(remote.rail) + " on the lane to rank " +
@@ -173,9 +172,9 @@ void RdmaLane::connectTo(const std::string& record) {
 void RdmaLane::prepareSendSide() {
   if (send_ring_.data == nullptr) {
     Rail& rail = driver_.rail(rail_);
-    send_ring_ = allocateRegistered(driver_.api(), rail.pd,
-                                    size_t{remote_.slots} * remote_.slot_bytes,
-                                    IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
+    send_ring_ =
+        allocateRegistered(driver_.api(), rail.pd, size_t{remote_.slots} * remote_.slot_bytes,
+                           IBV_ACCESS_LOCAL_WRITE, "a send staging ring");
     in_flight_.assign(remote_.slots, nullptr);
   }
   send_.emplace(remote_.slots);

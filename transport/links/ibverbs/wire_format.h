@@ -11,10 +11,10 @@
 namespace railshard::transport::links::ibverbs {
 
 // What one side of a lane (one reliable-connected queue pair between two ranks on one HCA
-// rail) tells the other (its connection record, through the messenger: rdma_lane.h): how to reach its queue pair, and where its
-// receive ring is. Fixed layout, little-endian, versioned; decode() checks every field
-// against its range, so a corrupt or foreign record is a ProtocolError naming the field, never
-// a queue pair moved with garbage.
+// rail) tells the other (its connection record, through the messenger: rdma_lane.h): how to reach
+// its queue pair, and where its receive ring is. Fixed layout, little-endian, versioned; decode()
+// checks every field against its range, so a corrupt or foreign record is a ProtocolError naming
+// the field, never a queue pair moved with garbage.
 struct LaneInfo {
   static constexpr uint32_t kMagic = 0x42495352;  // "RSIB"
   static constexpr uint16_t kVersion = 1;

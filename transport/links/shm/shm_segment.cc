@@ -20,7 +20,7 @@ namespace railshard::transport::links::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x5253484d53454731ULL;  // "RSHMSEG1"
-constexpr uint32_t kVersion = 3;  // 2: SegmentHeader::abort_claimed; 3: message entries
+constexpr uint32_t kVersion = 4;  // 2: abort_claimed; 3: message entries; 4: frames in them
 constexpr size_t kPage = 4096;
 
 // std::string("/") + name, spelled so that GCC 12 does not raise a false -Wrestrict.

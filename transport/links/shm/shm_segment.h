@@ -7,6 +7,7 @@
 #include <string>
 
 #include "transport/message_tag.h"
+#include "transport/messaging/frame.h"
 #include "transport/messaging/futex_word.h"
 
 namespace railshard::transport::links::shm {
@@ -31,9 +32,9 @@ struct alignas(128) RankControl {
   alignas(64) FutexWord reduced;  // step k: my reduced segment of step k is in my out-slot
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> left;  // closed its communicator: no more steps will come
-  // Point-to-point messages (core/shm_messages.h): bumped by a peer that posted a message to
-  // this rank or finished with one this rank sent, so one word wakes a rank whatever it waits
-  // for.
+  // The rank's doorbell: bumped by a peer that posted it a frame (shm_channel.h) or took one
+  // it sent, and by whatever completes its requests (its group's Wake), so one word wakes the
+  // rank whatever it waits for.
   alignas(64) FutexWord mail_doorbell;
   // Set-up's check of cross-memory reads: the address of a known value in this rank's process,
   // and which ranks' (bit r = local rank r) memory this rank could read (0 when it reads none,
@@ -42,26 +43,23 @@ struct alignas(128) RankControl {
   std::atomic<uint64_t> readable_mask;
 };
 
-// One message of one direction of a pair of ranks on one host (core/shm_messages.h). Small
-// messages travel inside it; larger ones stay in the sender's buffer and the receiver reads
-// them from the sender's process directly (one copy). A pair has kMailEntries of them, used
-// in turn by message number.
+// One frame (messaging/frame.h) of one direction of a pair of ranks on one host
+// (shm_channel.h): the header, and a payload of at most 64 KiB inside the entry. A pair has
+// kMailEntries of them per direction, used in turn by frame number.
 struct alignas(64) MailEntry {
-  FutexWord posted;               // message number + 1 once the sender filled this entry with it
-  FutexWord taken;                // message number + 1 once the receiver is done with it
-  std::atomic<uint32_t> refused;  // the receiver found a mismatch; its text is in inline_data
-  int32_t pid;                    // the sender's process
-  MessageTag tag;                 // the sender's header (checked against the receive's)
-  uint64_t address;               // the sender's buffer, in its address space
-  uint64_t bytes;
+  FutexWord posted;  // frame number + 1 once the sender filled this entry with it
+  FutexWord taken;   // frame number + 1 once the receiver took it
+  uint8_t reserved[56];
+  messaging::FrameHeader header;
+  uint8_t reserved2[48];
   // 64 KiB: up to there a message is cheaper copied twice (eager, the sender never waits for
   // the receiver) than read once after a hand-off (measured with benchmarks/p2p_bench.py:
   // 64 KiB read across took 97 us one way, eager over loopback TCP 33 us).
-  uint8_t inline_data[64 << 10];
+  uint8_t payload[64 << 10];
 };
-static_assert(sizeof(MailEntry) == (64 << 10) + 64, "header line + inline data");
-inline constexpr size_t kMailInlineBytes = sizeof(MailEntry::inline_data);
-// Entries per direction of a pair: a sender that is this many messages ahead of its receiver
+static_assert(sizeof(MailEntry) == (64 << 10) + 192, "a line of words, header, payload");
+inline constexpr size_t kMailPayloadBytes = sizeof(MailEntry::payload);
+// Entries per direction of a pair: a sender that is this many frames ahead of its receiver
 // waits for it. 8 ranks on a host: 64 pairs x 4 x 64 KiB = 16.8 MiB of /dev/shm.
 inline constexpr uint32_t kMailEntries = 4;
 

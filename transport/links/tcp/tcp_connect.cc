@@ -48,7 +48,6 @@ struct PendingHello {
 
 }  // namespace
 
-
 Connections connectPeers(Store& store, const ConnectOptions& options) {
   Connections result;
   result.by_peer.resize(static_cast<size_t>(options.size));
@@ -223,7 +222,7 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
     // Which of our rails it came in on: the ranks may list their common rails in different
     // orders, so the connection's local address decides.
     const auto& rails = hello.rank < options.peer_rails.size() ? options.peer_rails[hello.rank]
-                                                                : std::vector<RailSpec>{};
+                                                               : std::vector<RailSpec>{};
     const std::string local_ip = ipOf(localAddress(fd).toString());
     bool on_rail = false;
     for (const auto& rail : rails) on_rail = on_rail || rail.local_address == local_ip;
@@ -261,7 +260,7 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
     const Hello& hello = received.hello;
     int rail_index = -1;
     const auto& rails = hello.rank < options.peer_rails.size() ? options.peer_rails[hello.rank]
-                                                                : std::vector<RailSpec>{};
+                                                               : std::vector<RailSpec>{};
     const std::string local_ip = ipOf(localAddress(p.fd.get()).toString());
     for (size_t i = 0; i < rails.size(); ++i) {
       if (rails[i].local_address == local_ip) rail_index = static_cast<int>(i);

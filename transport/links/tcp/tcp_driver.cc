@@ -54,8 +54,7 @@ std::unique_ptr<TcpLink> TcpDriver::makeLink(Fd fd, LinkAttributes attributes, i
 }
 
 uint64_t TcpDriver::tokenOf(const TcpLink& link) const {
-  return static_cast<uint64_t>(
-      std::find(links_.begin(), links_.end(), &link) - links_.begin());
+  return static_cast<uint64_t>(std::find(links_.begin(), links_.end(), &link) - links_.begin());
 }
 
 void TcpDriver::start() {
@@ -94,15 +93,16 @@ void TcpDriver::linger(Deadline until) {
     return true;
   };
   while (Clock::now() < until && !allDone([](TcpLink& l) {
-    return l.fd() < 0 || l.wantsClose() || !l.brokenLocked().empty() || l.sendsEmptyLocked();
-  })) {
+           return l.fd() < 0 || l.wantsClose() || !l.brokenLocked().empty() || l.sendsEmptyLocked();
+         })) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (TcpLink* link : links_) {
     auto guard = link->messenger().guard();
     link->halfCloseLocked();
   }
-  while (Clock::now() < until && !allDone([](TcpLink& l) { return l.fd() < 0 || l.readClosed(); })) {
+  while (Clock::now() < until &&
+         !allDone([](TcpLink& l) { return l.fd() < 0 || l.readClosed(); })) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -306,9 +306,8 @@ void TcpDriver::acceptRejoin(int listen_fd) {
       if (l->channel() == hello.channel) link = l;
     }
     if (link == nullptr || hello.channels != channels) {
-      refuse("rank " + std::to_string(hello.rank) + " announces " +
-             std::to_string(hello.channels) + " connection(s), this rank has " +
-             std::to_string(channels));
+      refuse("rank " + std::to_string(hello.rank) + " announces " + std::to_string(hello.channels) +
+             " connection(s), this rank has " + std::to_string(channels));
       return;
     }
     {

@@ -87,8 +87,8 @@ class TcpDriver final : public Driver {
   std::atomic<bool> quiesced_{false};
   int quiescer_ = 0;
   std::mutex keeper_mutex_;
-  std::vector<Dial> dials_;        // asked for, the keeper's
-  std::vector<Adopted> adopted_;   // dialled or accepted, the progress thread's to install
+  std::vector<Dial> dials_;       // asked for, the keeper's
+  std::vector<Adopted> adopted_;  // dialled or accepted, the progress thread's to install
   std::atomic<bool> paused_{false};
   std::atomic<bool> parked_{false};
 };

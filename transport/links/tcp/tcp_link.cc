@@ -172,8 +172,8 @@ void TcpLink::detach() {
 void TcpLink::rateChanged(double gbps) {
   if (!fd_.valid()) return;
   const double bytes_per_second = gbps * 1e9 / 8;
-  const int wanted = static_cast<int>(std::clamp(bytes_per_second * kBufferSeconds,
-                                                 double(kMinBuffer), double(kMaxBuffer)));
+  const int wanted = static_cast<int>(
+      std::clamp(bytes_per_second * kBufferSeconds, double(kMinBuffer), double(kMaxBuffer)));
   if (sndbuf_ > 0 && std::abs(wanted - sndbuf_) * 4 < sndbuf_) return;
   if (::setsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &wanted, sizeof(wanted)) == 0) {
     sndbuf_ = wanted;

@@ -31,9 +31,9 @@ void addLinks(TcpDriver& driver, messaging::Messenger& messenger, int peer,
     a.rejoin_interval = several ? rejoin_interval : Duration::zero();
     a.max_payload = several ? kStripedFrameBytes : UINT64_MAX;
     a.trace_name = "send";
-    messenger.addLink(driver.makeLink(std::move(c.fd), std::move(a), peer, c.channel, c.target,
-                                      c.local),
-                      data, true);
+    messenger.addLink(
+        driver.makeLink(std::move(c.fd), std::move(a), peer, c.channel, c.target, c.local), data,
+        true);
   }
 }
 

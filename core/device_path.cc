@@ -6,6 +6,8 @@
 //    ordered on the caller's stream through CudaDeviceOps.
 // The shared-memory engine is host memory only, so device collectives always run over the
 // transport (run's over_transport), with the same headers and deadlines as host ones.
+#include "core/device_path.h"
+
 #include <functional>
 #include <string>
 
@@ -14,8 +16,9 @@
 #include "core/collective_tag.h"
 #include "core/collectives/cuda_device_ops.h"
 #include "core/collectives/device_staging.h"
-#include "core/communicator.h"
 #include "core/hierarchical_allreduce.h"
+#include "core/membership.h"
+#include "core/planner.h"
 #include "core/topology/topology.h"
 #include "kernels/cuda/device_runtime.h"
 #include "transport/links/shm/host_identity.h"
@@ -50,8 +53,13 @@ void waitForEvent(cuda::Event event, const std::function<void()>& healthy, Deadl
 
 }  // namespace
 
-bool Communicator::onDevice(const char* collective, const Placement& placement, const void* send,
-                            const void* recv, size_t count) const {
+DevicePath::DevicePath(const Config& config, const Membership& membership)
+    : config_(config), membership_(membership) {}
+
+DevicePath::~DevicePath() = default;
+
+bool DevicePath::onDevice(const char* collective, const Placement& placement, const void* send,
+                          const void* recv, size_t count) const {
   // Nothing to move: the host path, on every rank alike whatever pointers each passed (an
   // empty tensor's may be null on one rank and not on another).
   if (count == 0 && placement.memory != MemoryKind::kDevice) return false;
@@ -93,7 +101,7 @@ bool Communicator::onDevice(const char* collective, const Placement& placement, 
   return (send != nullptr ? send_kind : recv_kind) == cuda::PointerKind::kDevice;
 }
 
-collectives::CudaDeviceOps& Communicator::deviceOps(int device) {
+collectives::CudaDeviceOps& DevicePath::deviceOps(int device) {
   // The calling thread may be on another device (a process group's worker thread starts on
   // device 0): everything below runs on the buffers' device, which stays current.
   cuda::setDevice(device);
@@ -107,30 +115,35 @@ collectives::CudaDeviceOps& Communicator::deviceOps(int device) {
   return *device_ops_;
 }
 
-std::vector<std::string> Communicator::hostOfEveryRank(Duration timeout) {
-  std::vector<std::string> hosts(static_cast<size_t>(size_));
-  if (topology_ != nullptr && topology_->worldSize() == size_) {
-    for (int r = 0; r < size_; ++r) hosts[static_cast<size_t>(r)] = topology_->rank(r).host;
+std::vector<std::string> DevicePath::hostOfEveryRank(Duration timeout) {
+  const int size = membership_.size();
+  std::vector<std::string> hosts(static_cast<size_t>(size));
+  const topology::Topology* graph = membership_.topology();
+  if (graph != nullptr && graph->worldSize() == size) {
+    for (int r = 0; r < size; ++r) hosts[static_cast<size_t>(r)] = graph->rank(r).host;
     return hosts;
   }
-  const std::string prefix = key_prefix_ + "/device/host/";
-  store_->setString(prefix + std::to_string(rank_), transport::links::shm::hostIdentity(), timeout);
-  for (int r = 0; r < size_; ++r) {
-    hosts[static_cast<size_t>(r)] = store_->getString(prefix + std::to_string(r), timeout);
+  Store& store = *membership_.store();
+  const std::string prefix = membership_.keyPrefix() + "/device/host/";
+  store.setString(prefix + std::to_string(membership_.rank()),
+                  transport::links::shm::hostIdentity(), timeout);
+  for (int r = 0; r < size; ++r) {
+    hosts[static_cast<size_t>(r)] = store.getString(prefix + std::to_string(r), timeout);
   }
   return hosts;
 }
 
-std::string Communicator::sharedGpu(const std::vector<std::string>& hosts, int device,
-                                    Duration timeout) {
+std::string DevicePath::sharedGpu(const std::vector<std::string>& hosts, int device,
+                                  Duration timeout) {
   // NCCL refuses two ranks on one GPU; ranks that share one (a test on a single-GPU machine,
   // oversubscribed jobs) use the staging path. Every rank sees the same list, so all decide
   // alike without a vote.
-  const std::string prefix = key_prefix_ + "/device/gpu/";
-  store_->setString(prefix + std::to_string(rank_), cuda::pciBusId(device), timeout);
-  std::vector<std::string> gpus(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    gpus[static_cast<size_t>(r)] = store_->getString(prefix + std::to_string(r), timeout);
+  Store& store = *membership_.store();
+  const std::string prefix = membership_.keyPrefix() + "/device/gpu/";
+  store.setString(prefix + std::to_string(membership_.rank()), cuda::pciBusId(device), timeout);
+  std::vector<std::string> gpus(static_cast<size_t>(membership_.size()));
+  for (int r = 0; r < membership_.size(); ++r) {
+    gpus[static_cast<size_t>(r)] = store.getString(prefix + std::to_string(r), timeout);
   }
   for (size_t a = 0; a < gpus.size(); ++a) {
     for (size_t b = a + 1; b < gpus.size(); ++b) {
@@ -143,16 +156,15 @@ std::string Communicator::sharedGpu(const std::vector<std::string>& hosts, int d
   return {};
 }
 
-void Communicator::runStaged(
-    const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
-    int device, void* stream,
+void DevicePath::runStaged(
+    const Call& call, const transport::MessageTag& tag, Duration timeout, size_t bytes,
+    const char* algorithm, int device, void* stream,
     const std::function<void(const collectives::Context&, collectives::CudaDeviceOps&)>& fn) {
   collectives::CudaDeviceOps& ops = deviceOps(device);
   ops.begin(stream);
   try {
-    runOutOfLine(
-        tag, timeout, bytes, algorithm,
-        [&](const collectives::Context& context) { fn(context, ops); }, true);
+    call.run(tag, timeout, bytes, algorithm,
+             [&](const collectives::Context& context) { fn(context, ops); });
   } catch (...) {
     try {
       ops.end(stream);
@@ -164,12 +176,11 @@ void Communicator::runStaged(
   ops.end(stream);
 }
 
-void Communicator::waitForDevice(void* stream, int device, Timeout timeout) {
+void DevicePath::waitForDevice(void* stream, int device, Duration limit) {
   if (!cuda::available()) {
     throw ConfigError("waitForDevice: " + cuda::unavailableReason());
   }
   if (device >= 0) cuda::setDevice(device);
-  const Duration limit = timeoutFor("waitForDevice", timeout);
   cuda::Event event = cuda::createEvent();
   try {
     cuda::recordEvent(event, stream);
@@ -189,7 +200,7 @@ void Communicator::waitForDevice(void* stream, int device, Timeout timeout) {
   cuda::destroyEvent(event);
 }
 
-HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) {
+HierarchicalAllreduce* DevicePath::hierarchical(int device, Duration timeout) {
   if (hierarchical_error_) std::rethrow_exception(hierarchical_error_);
   if (hierarchical_decided_) {
     if (!hierarchical_ && config_.nccl == NcclMode::kOn) {
@@ -203,17 +214,17 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
   // configuration and the store's presence are the same on every rank.
   if (config_.nccl == NcclMode::kOff) {
     hierarchical_why_ = "RAILSHARD_NCCL=off";
-  } else if (store_ == nullptr) {
+  } else if (membership_.store() == nullptr) {
     hierarchical_why_ = "the communicator was created without a store";
   } else {
     HierarchicalAllreduce::Params params;
-    params.store = store_;
-    params.key_prefix = key_prefix_;
-    params.rank = rank_;
-    params.size = size_;
+    params.store = membership_.store();
+    params.key_prefix = membership_.keyPrefix();
+    params.rank = membership_.rank();
+    params.size = membership_.size();
     params.hosts = hostOfEveryRank(timeout);
     params.config = config_;
-    params.advertise_host = advertise_host_;
+    params.advertise_host = membership_.advertiseHost();
     params.device = device;
     try {
       hierarchical_why_ = sharedGpu(params.hosts, device, timeout);
@@ -226,66 +237,68 @@ HierarchicalAllreduce* Communicator::hierarchical(int device, Duration timeout) 
     }
   }
   if (hierarchical_) {
-    RS_LOG_INFO("rank {}: device all-reduce: {}", rank_, hierarchical_->describe());
+    RS_LOG_INFO("rank {}: device all-reduce: {}", membership_.rank(), hierarchical_->describe());
   } else {
     if (config_.nccl == NcclMode::kOn) {
       throw ConfigError("RAILSHARD_NCCL=on, but the two-level all-reduce cannot run: " +
                         hierarchical_why_);
     }
-    RS_LOG_INFO("rank {}: device all-reduce: pinned-host staging ({})", rank_, hierarchical_why_);
+    RS_LOG_INFO("rank {}: device all-reduce: pinned-host staging ({})", membership_.rank(),
+                hierarchical_why_);
   }
   return hierarchical_.get();
 }
 
-void Communicator::allreduceOnDevice(const void* send, void* recv, size_t count, DataType dtype,
-                                     ReduceOp op, void* stream, Duration timeout) {
+void DevicePath::allreduce(const Call& call, const void* send, void* recv, size_t count,
+                           DataType dtype, ReduceOp op, void* stream, Duration timeout) {
   const int device = deviceOf(send, recv);
-  if (size_ > 1) {
+  const int size = membership_.size();
+  if (size > 1) {
     cuda::setDevice(device);
     if (HierarchicalAllreduce* two_level = hierarchical(device, timeout)) {
-      ++sequence_;  // every rank takes this path alike: sequence numbers stay in step
-      last_algorithm_ = "hierarchical";
+      ++call.sequence;  // every rank takes this path alike: sequence numbers stay in step
+      call.planner.ran("hierarchical");
       two_level->allreduce(send, recv, count, dtype, op, stream,
-                           std::chrono::duration_cast<Timeout>(timeout));
+                           std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
       return;
     }
   }
-  const auto tag = makeTag(CollectiveKind::kAllreduce, sequence_++, dtype, op, count, 0);
-  last_algorithm_ = size_ == 1 ? "device_local" : "device_ring";
-  runStaged(tag, timeout, count * sizeOf(dtype), last_algorithm_.data(), device, stream,
+  const auto tag = makeTag(CollectiveKind::kAllreduce, call.sequence++, dtype, op, count, 0);
+  call.planner.ran(size == 1 ? "device_local" : "device_ring");
+  runStaged(call, tag, timeout, count * sizeOf(dtype), call.planner.last().data(), device, stream,
             [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
               collectives::deviceRingAllreduce(context, ops, send, recv, count, dtype, op);
             });
 }
 
-void Communicator::reduceScatterOnDevice(const void* send, void* recv, size_t recv_count,
-                                         DataType dtype, ReduceOp op, void* stream,
-                                         Duration timeout) {
-  const auto tag = makeTag(CollectiveKind::kReduceScatter, sequence_++, dtype, op, recv_count, 0);
-  const size_t bytes = recv_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  runStaged(tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
+void DevicePath::reduceScatter(const Call& call, const void* send, void* recv, size_t recv_count,
+                               DataType dtype, ReduceOp op, void* stream, Duration timeout) {
+  const auto tag =
+      makeTag(CollectiveKind::kReduceScatter, call.sequence++, dtype, op, recv_count, 0);
+  const size_t bytes = recv_count * static_cast<size_t>(membership_.size()) * sizeOf(dtype);
+  runStaged(call, tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
             [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
               collectives::deviceRingReduceScatter(context, ops, send, recv, recv_count, dtype, op);
             });
 }
 
-void Communicator::allgatherOnDevice(const void* send, void* recv, size_t send_count,
-                                     DataType dtype, void* stream, Duration timeout) {
+void DevicePath::allgather(const Call& call, const void* send, void* recv, size_t send_count,
+                           DataType dtype, void* stream, Duration timeout) {
   const auto tag =
-      makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
-  const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
-  runStaged(tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
+      makeTag(CollectiveKind::kAllgather, call.sequence++, dtype, ReduceOp::kSum, send_count, 0);
+  const size_t bytes = send_count * static_cast<size_t>(membership_.size()) * sizeOf(dtype);
+  runStaged(call, tag, timeout, bytes, "device_ring", deviceOf(send, recv), stream,
             [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
               collectives::deviceAllgather(context, ops, send, recv, send_count, dtype);
             });
 }
 
-void Communicator::broadcastOnDevice(const void* send, void* recv, size_t count, DataType dtype,
-                                     int root, void* stream, Duration timeout) {
-  const auto tag = makeTag(CollectiveKind::kBroadcast, sequence_++, dtype, ReduceOp::kSum, count,
-                           static_cast<uint32_t>(root));
-  runStaged(tag, timeout, count * sizeOf(dtype), "device_chain",
-            deviceOf(rank_ == root ? send : nullptr, recv), stream,
+void DevicePath::broadcast(const Call& call, const void* send, void* recv, size_t count,
+                           DataType dtype, int root, void* stream, Duration timeout) {
+  const auto tag = makeTag(CollectiveKind::kBroadcast, call.sequence++, dtype, ReduceOp::kSum,
+                           count, static_cast<uint32_t>(root));
+  runStaged(call, tag, timeout, count * sizeOf(dtype), "device_chain",
+            deviceOf(membership_.rank() == root ? send : nullptr, recv), stream,
             [&](const collectives::Context& context, collectives::CudaDeviceOps& ops) {
               collectives::deviceBroadcast(context, ops, send, recv, count, dtype, root);
             });

@@ -1,5 +1,5 @@
-// Which ranks share a host, and the shared-memory segment each host's ranks map
-// (docs/architecture.md, "Shared memory").
+// Which ranks share a host, the shared-memory segment each host's ranks map, and what start-up
+// measures there (docs/architecture.md, "One host: shared memory").
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,15 +8,12 @@
 
 #include "base/error.h"
 #include "base/logging.h"
+#include "core/channels.h"
 #include "core/collective_tag.h"
-#include "core/collectives/host_layout.h"
-#include "core/collectives/link_probe.h"
 #include "core/collectives/shm_engine.h"
-#include "core/communicator.h"
-#include "core/shm_messages.h"
 #include "core/topology/topology.h"
 #include "transport/links/shm/host_identity.h"
-#include "transport/links/shm/shared_buffers.h"
+#include "transport/links/shm/shm_channel.h"
 #include "transport/links/shm/shm_segment.h"
 
 namespace railshard {
@@ -55,45 +52,65 @@ std::string shmKey(const std::string& prefix, const std::string& what, int rank)
   return prefix + "/shm/" + what + "/" + std::to_string(rank);
 }
 
+// Set-up's own steps on the segment: no collective has this number.
+transport::MessageTag setUpTag() {
+  transport::MessageTag tag;
+  tag.collective = static_cast<uint8_t>(CollectiveKind::kBarrier);
+  tag.sequence = ~uint64_t{0};
+  return tag;
+}
+
+// Enough hand-offs for a stable median, few enough to cost well under a millisecond; and
+// copies larger than the per-core caches, as collectives' data is.
+constexpr int kHandOffRounds = 32;
+constexpr size_t kProbeBytes = size_t{2} << 20;
+
 }  // namespace
 
-void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix) {
-  if (size_ == 1) return;
-  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
-  auto key = [&](const std::string& what, int r) { return shmKey(key_prefix, what, r); };
+size_t Channels::hostSlotBytes() const {
+  if (two_level_) return host_slot_bytes_;
+  return engine_ ? engine_->slotBytes() : 0;
+}
+
+void Channels::setUpHost(Store& store) {
+  const Config& config = *options_.config;
+  const int rank = options_.rank;
+  const int size = options_.size;
+  const Duration timeout = std::chrono::duration_cast<Duration>(config.connect_timeout);
+  auto key = [&](const std::string& what, int r) { return shmKey(options_.key_prefix, what, r); };
   // A host is what the cluster graph says (ranks in separate network/UTS namespaces, or a
   // topology file that says so, are different hosts even when they could map the same
   // memory: the graph is the authority on what the user wants treated as a host), split
   // further by what can really share memory (boot id + /dev/shm).
-  store.setString(key("host", rank_), transport::links::shm::hostIdentity(), timeout);
-  const bool graph = topology_ != nullptr && topology_->worldSize() == size_;
-  std::vector<std::string> keys(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    keys[static_cast<size_t>(r)] = (graph ? topology_->rank(r).host + "|" : std::string()) +
+  store.setString(key("host", rank), transport::links::shm::hostIdentity(), timeout);
+  const topology::Topology* graph = options_.topology;
+  const bool graphed = graph != nullptr && graph->worldSize() == size;
+  std::vector<std::string> keys(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    keys[static_cast<size_t>(r)] = (graphed ? graph->rank(r).host + "|" : std::string()) +
                                    store.getString(key("host", r), timeout);
   }
   layout_ = std::make_unique<collectives::HostLayout>(collectives::HostLayout::fromKeys(keys));
-  network_ = networkBetweenHosts(topology_.get(), *layout_, rank_);
-  RS_LOG_DEBUG("rank {}: {}", rank_, layout_->describe());
-  if (config_.transport == TransportKind::kTcp || config_.transport == TransportKind::kIbverbs) {
+  network_ = networkBetweenHosts(graph, *layout_, rank);
+  RS_LOG_DEBUG("rank {}: {}", rank, layout_->describe());
+  if (config.transport == TransportKind::kTcp || config.transport == TransportKind::kIbverbs) {
     return;
   }
-  if (layout_->hostCount() > 1 && config_.transport == TransportKind::kShm) {
+  if (layout_->hostCount() > 1 && config.transport == TransportKind::kShm) {
     throw ConfigError(
         "RAILSHARD_TRANSPORT=shm, but the ranks are not all on one host (or do "
         "not share /dev/shm): " +
         layout_->describe());
   }
   const auto& mine =
-      layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank_)])];
-  if (mine.size() > 1) mapHostSegment(store, key_prefix, mine);
-  agreeOnMeasuredLinks(store, key_prefix);
+      layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank)])];
+  if (mine.size() > 1) mapHostSegment(store, mine);
+  agreeOnMeasuredLinks(store);
   if (layout_->hostCount() == 1 || !layout_->twoLevel()) return;
   // Two levels only if every host with several ranks has its segment: each host's leader
   // published its segment's name (empty when it could not make one), and all ranks read every
-  // leader's, so all of them agree on the algorithms.
-  // The smallest host's slot bounds the direct variant everywhere, so that every rank makes
-  // the same choice for a message size.
+  // leader's, so all of them agree on the algorithms. The smallest host's slot bounds the
+  // direct variant everywhere, so that every rank makes the same choice for a message size.
   two_level_ = true;
   host_slot_bytes_ = std::numeric_limits<size_t>::max();
   for (const auto& ranks : layout_->hosts) {
@@ -107,33 +124,33 @@ void Communicator::setUpSharedMemory(Store& store, const std::string& key_prefix
         std::min<size_t>(host_slot_bytes_, std::stoull(published.substr(published.find('|') + 1)));
   }
   if (!two_level_) {
-    shm_messages_.reset();  // it uses the segment
-    host_shm_.reset();
-    RS_LOG_WARN("rank {}: a host could not map shared memory; all-reduces run flat over tcp",
-                rank_);
+    engine_.reset();
+    RS_LOG_WARN("rank {}: a host could not map shared memory; all-reduces run flat between hosts",
+                rank);
   }
 }
 
-void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
-                                  const std::vector<int>& mine) {
-  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
-  auto key = [&](const std::string& what, int r) { return shmKey(key_prefix, what, r); };
-  const int local_rank = layout_->local_rank_of[static_cast<size_t>(rank_)];
+void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
+  const Config& config = *options_.config;
+  const int rank = options_.rank;
+  const Duration timeout = std::chrono::duration_cast<Duration>(config.connect_timeout);
+  auto key = [&](const std::string& what, int r) { return shmKey(options_.key_prefix, what, r); };
+  const int local_rank = layout_->local_rank_of[static_cast<size_t>(rank)];
   const int local_size = static_cast<int>(mine.size());
   const int leader = mine.front();
   // The host's lowest rank sizes and creates the segment, and unlinks its name once the
   // host's ranks have it mapped, so a killed job leaves nothing behind in /dev/shm. When it
   // cannot (no room in /dev/shm), it publishes an empty name and the host's ranks stay on TCP.
   std::unique_ptr<transport::links::shm::ShmSegment> segment;
-  if (rank_ == leader) {
+  if (rank == leader) {
     std::string published;
     try {
-      const size_t slot = transport::links::shm::chooseSlotBytes(config_.shm_slot_bytes, local_size);
+      const size_t slot = transport::links::shm::chooseSlotBytes(config.shm_slot_bytes, local_size);
       const std::string name = transport::links::shm::ShmSegment::makeName();
       segment = transport::links::shm::ShmSegment::create(name, local_size, slot);
       published = name + "|" + std::to_string(slot);
     } catch (const Error& e) {
-      if (config_.transport == TransportKind::kShm) throw;
+      if (config.transport == TransportKind::kShm) throw;
       RS_LOG_WARN("shared memory unavailable, using tcp: {}", e.what());
     }
     store.setString(key("name", leader), published, timeout);
@@ -142,14 +159,15 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
     if (!published.empty()) {
       const auto bar = published.find('|');
       const size_t slot = std::stoull(published.substr(bar + 1));
-      segment = transport::links::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
-    } else if (config_.transport == TransportKind::kShm) {
+      segment =
+          transport::links::shm::ShmSegment::attach(published.substr(0, bar), local_size, slot);
+    } else if (config.transport == TransportKind::kShm) {
       throw ConfigError("RAILSHARD_TRANSPORT=shm, but rank " + std::to_string(leader) +
                         " could not create the shared memory segment (see its log)");
     }
-    store.setString(key("attached", rank_), "1", timeout);
+    store.setString(key("attached", rank), "1", timeout);
   }
-  if (rank_ == leader && segment) {
+  if (rank == leader && segment) {
     std::vector<std::string> attached;
     for (size_t i = 1; i < mine.size(); ++i) attached.push_back(key("attached", mine[i]));
     store.wait(attached, timeout);
@@ -158,97 +176,60 @@ void Communicator::mapHostSegment(Store& store, const std::string& key_prefix,
   // Whether the leader's segment exists decides for the whole host: every rank of it either
   // maps it or (empty name) none does, so all agree on the algorithms.
   if (!segment) return;
-  RS_LOG_DEBUG("rank {}: shared memory segment {} ({} ranks, {} bytes per slot)", rank_,
+  RS_LOG_DEBUG("rank {}: shared memory segment {} ({} ranks, {} bytes per slot)", rank,
                segment->name(), local_size, segment->slotBytes());
-  auto engine = std::make_unique<collectives::ShmEngine>(
+  engine_ = std::make_unique<collectives::ShmEngine>(
       std::move(segment), local_rank, local_size,
-      std::chrono::duration_cast<Duration>(config_.timeout),
-      std::chrono::duration_cast<Duration>(config_.spin), mine, config_.wait);
-  measureHost(store, key_prefix, *engine, leader);
-  setUpMessages(*engine, local_rank);
-  engine->setSingleCopy(config_.shm_single_copy_bytes, config_.shm_cross_read);
-  if (config_.shm_single_copy_bytes > 0 && !engine->everyoneReadsEveryone() && local_rank == 0) {
+      std::chrono::duration_cast<Duration>(config.timeout),
+      std::chrono::duration_cast<Duration>(config.spin), mine, config.wait);
+  engine_->setFailure(&mesh_->failure());
+  measureHost(store, leader);
+  // Every rank of the host finds out whose memory it can read (cross-memory attach may be
+  // refused: ptrace permissions, a container's seccomp profile) and publishes it in the
+  // segment; a pair reads across only where both may, and both ranks read the same bits, so
+  // they always agree.
+  transport::links::shm::ShmSegment& shared = engine_->segment();
+  transport::links::shm::ShmChannel::publishProbe(shared, local_rank);
+  engine_->barrier(setUpTag());
+  transport::links::shm::ShmChannel::checkReadable(shared, local_rank, config.p2p_shm);
+  engine_->barrier(setUpTag());
+  engine_->setSingleCopy(config.shm_single_copy_bytes, config.shm_cross_read);
+  if (config.shm_single_copy_bytes > 0 && !engine_->everyoneReadsEveryone() && local_rank == 0) {
     RS_LOG_INFO(
         "rank {}: large one-host all-reduces take the staged path through shared memory: "
         "cross-memory reads (process_vm_readv) are refused between some ranks of this host "
         "(RAILSHARD_P2P_SHM=0, ptrace_scope or a container's seccomp profile)",
-        rank_);
-  }
-  if (layout_->hostCount() == 1) {
-    shm_ = std::move(engine);
-  } else {
-    host_shm_ = std::move(engine);
+        rank);
   }
 }
 
-void Communicator::setUpMessages(collectives::ShmEngine& engine, int local_rank) {
-  // Every rank of the host finds out whose memory it can read (cross-memory attach may be
-  // refused: ptrace permissions, a container's seccomp profile) and publishes it in the
-  // segment; a pair's messages go through shared memory only where its receiver can read its
-  // sender, and both ranks read the same bit, so they always agree on the path.
-  transport::MessageTag tag;
-  tag.collective = static_cast<uint8_t>(CollectiveKind::kBarrier);
-  tag.sequence = ~uint64_t{0};  // set-up's own steps, as in measureHost
-  ShmMessages::publishProbe(engine.segment(), local_rank);
-  engine.barrier(tag);
-  ShmMessages::checkReadable(engine.segment(), local_rank, config_.p2p_shm);
-  engine.barrier(tag);
-  ShmMessages::Options options;
-  options.segment = &engine.segment();
-  options.local_rank = local_rank;
-  options.local_of.assign(static_cast<size_t>(size_), -1);
-  const int my_host = layout_->host_of[static_cast<size_t>(rank_)];
-  for (int r = 0; r < size_; ++r) {
-    if (layout_->host_of[static_cast<size_t>(r)] == my_host) {
-      options.local_of[static_cast<size_t>(r)] = layout_->local_rank_of[static_cast<size_t>(r)];
-    }
-  }
-  options.spin = std::chrono::duration_cast<Duration>(config_.spin);
-  transport::Transport* transport = transport_.get();
-  options.health_check = [transport] { transport->checkHealthy(); };
-  options.fail = [transport](ErrorKind kind, const std::string& message) {
-    transport->abort(makeError(kind, message), /*tell_peers=*/true);
-  };
-  shm_messages_ = std::make_unique<ShmMessages>(std::move(options));
-  int readable = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_ && shm_messages_->carries(r, rank_)) ++readable;
-  }
-  RS_LOG_DEBUG("rank {}: messages from {} same-host rank(s) through shared memory", rank_,
-               readable);
-}
-
-void Communicator::measureHost(Store& store, const std::string& key_prefix,
-                               collectives::ShmEngine& engine, int leader) {
+void Channels::measureHost(Store& store, int leader) {
   // Every rank of the host takes part in the hand-offs; the leader alone times the copy and
   // the kernel (the others would only compete with it for the memory bus) and publishes.
-  transport::MessageTag tag;
-  tag.collective = static_cast<uint8_t>(CollectiveKind::kBarrier);
-  tag.sequence = ~uint64_t{0};  // no collective has this number: set-up's own steps
-  const double alpha = collectives::measureHandOffMicros(engine, tag, kHandOffRounds);
-  if (rank_ != leader) return;
+  const double alpha = collectives::measureHandOffMicros(*engine_, setUpTag(), kHandOffRounds);
+  if (options_.rank != leader) return;
   const double beta = collectives::measureCopyGBps(kProbeBytes);
   const double reduce = collectives::measureReduceGBps(kProbeBytes);
-  store.setString(shmKey(key_prefix, "link", leader),
+  store.setString(shmKey(options_.key_prefix, "link", leader),
                   std::to_string(alpha) + " " + std::to_string(beta) + " " + std::to_string(reduce),
-                  std::chrono::duration_cast<Duration>(config_.connect_timeout));
+                  std::chrono::duration_cast<Duration>(options_.config->connect_timeout));
 }
 
-void Communicator::agreeOnMeasuredLinks(Store& store, const std::string& key_prefix) {
+void Channels::agreeOnMeasuredLinks(Store& store) {
   // The leader of every host that mapped a segment measured it; every rank reads them all and
   // takes the slowest host's figures, so all ranks feed the tuner the same numbers (and so
   // choose the same algorithms). Hosts that could not map a segment published no figures.
-  const Duration timeout = std::chrono::duration_cast<Duration>(config_.connect_timeout);
+  const Duration timeout = std::chrono::duration_cast<Duration>(options_.config->connect_timeout);
   collectives::MeasuredLinks agreed;
   bool any = false;
   for (const auto& ranks : layout_->hosts) {
     if (ranks.size() < 2) continue;
     const int leader = ranks.front();
-    if (store.getString(shmKey(key_prefix, "name", leader), timeout).empty()) continue;
+    if (store.getString(shmKey(options_.key_prefix, "name", leader), timeout).empty()) continue;
     double alpha = 0;
     double beta = 0;
     double reduce = 0;
-    const std::string text = store.getString(shmKey(key_prefix, "link", leader), timeout);
+    const std::string text = store.getString(shmKey(options_.key_prefix, "link", leader), timeout);
     if (std::sscanf(text.c_str(), "%lf %lf %lf", &alpha, &beta, &reduce) != 3) {
       throw Error("rank " + std::to_string(leader) + " published unreadable link figures '" + text +
                   "'");
@@ -268,18 +249,8 @@ void Communicator::agreeOnMeasuredLinks(Store& store, const std::string& key_pre
     RS_LOG_DEBUG(
         "rank {}: measured shared memory {:.2f} us per hand-off, {:.1f} GB/s copy; "
         "reduction {:.1f} GB/s",
-        rank_, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps);
+        options_.rank, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps);
   }
-}
-
-// Buffers the host's peers map once and read with plain loads (the single-copy all-reduce's
-// fastest path, shm_single_copy.cc): memfd regions, not tied to this communicator's segment.
-void* Communicator::allocateSharedBuffer(size_t bytes) {
-  return transport::links::shm::allocateShared(bytes);
-}
-
-void Communicator::freeSharedBuffer(void* buffer) {
-  transport::links::shm::releaseShared(buffer);
 }
 
 }  // namespace railshard

@@ -1,4 +1,4 @@
-// Communicator::grow() and Communicator::join(): ranks that are not members (a restarted
+// Membership::grow() and Membership::join(): ranks that are not members (a restarted
 // process, a new server) join a running job at a step boundary, through the store and without
 // a restart of the members (docs/reliability.md, "Growing").
 //
@@ -29,7 +29,7 @@
 
 #include "base/error.h"
 #include "base/logging.h"
-#include "core/communicator.h"
+#include "core/membership.h"
 #include "core/membership_keys.h"
 #include "core/topology/topology.h"
 
@@ -69,11 +69,11 @@ bool settleTicket(Store& store, const std::string& key, const std::string& answe
 // Generation `round`'s graph round for the rank `next` describes, when its leader wrote that
 // every rank takes part ("graph <members>" in round/topology); nullopt when the generation
 // compares hosts through the store.
-std::optional<Communicator::GraphRound> graphRound(Store& store, const std::string& round,
-                                                   const Communicator::Options& next) {
+std::optional<GraphRound> graphRound(Store& store, const std::string& round,
+                                     const CommunicatorOptions& next) {
   const std::string value = store.getString(round + "/topology", kStoreCall);
   if (value.rfind("graph ", 0) != 0) return std::nullopt;
-  Communicator::GraphRound graph_round;
+  GraphRound graph_round;
   graph_round.key_prefix = next.key_prefix;
   graph_round.rank = next.rank;
   graph_round.size = next.size;
@@ -83,7 +83,106 @@ std::optional<Communicator::GraphRound> graphRound(Store& store, const std::stri
 
 }  // namespace
 
-void Communicator::decideGrowth(const std::string& round, int next, Deadline deadline) {
+CommunicatorOptions Membership::nextOptions(const Config& config, const std::string& round,
+                                            int next, const std::vector<int>& members, int me,
+                                            int launch_ranks) const {
+  CommunicatorOptions options;
+  options.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  options.size = static_cast<int>(members.size());
+  options.config = config;
+  options.key_prefix = round;
+  options.key_root = key_root_;
+  options.advertise_host = advertise_host_;
+  options.store = store_;
+  options.world_ranks = members;
+  options.generation = next;
+  options.launch_ranks = launch_ranks;
+  options.extend_topology = extend_topology_;
+  return options;
+}
+
+CommunicatorOptions Membership::shrink(const Config& config, Duration timeout) {
+  const int me = worldRank();
+  const int next = generation_ + 1;
+  const std::string round = key_root_ + "/gen" + std::to_string(next);
+  RS_LOG_INFO("rank {} (launch rank {}): shrinking generation {} of {} ranks", rank_, me,
+              generation_, size_);
+  const auto [members, excluded] =
+      agreeOnMembers(round, timeout, [&](Deadline deadline) { decideShrink(round, deadline); });
+  if (std::find(members.begin(), members.end(), me) == members.end()) {
+    throw PeerLostError("shrink: launch rank " + std::to_string(me) +
+                        " is not among the survivors of generation " + std::to_string(next) + " (" +
+                        excluded + ")");
+  }
+  CommunicatorOptions options = nextOptions(config, round, next, members, me, launch_ranks_);
+  options.topology = renumberedTopology(members);  // the same cluster, survivors renumbered
+  RS_LOG_WARN("launch rank {}: generation {} formed: {} of {} ranks survive, this is rank {}{}", me,
+              next, members.size(), size_, options.rank,
+              excluded.empty() ? "" : " (left out: " + excluded + ")");
+  return options;
+}
+
+Membership::Growth Membership::grow(const Config& config, Duration timeout) {
+  const int me = worldRank();
+  const int next = generation_ + 1;
+  const std::string round = key_root_ + "/gen" + std::to_string(next);
+  const auto [members, excluded] = agreeOnMembers(
+      round, timeout, [&](Deadline deadline) { decideGrowth(config, round, next, deadline); });
+  if (std::find(members.begin(), members.end(), me) == members.end()) {
+    throw PeerLostError("grow: launch rank " + std::to_string(me) +
+                        " is not among the members of generation " + std::to_string(next) + " (" +
+                        excluded + ")");
+  }
+  const int launch_ranks = std::stoi(store_->getString(round + "/launch_ranks", kStoreCall));
+  Growth growth;
+  growth.options = nextOptions(config, round, next, members, me, launch_ranks);
+  growth.joined = static_cast<size_t>(std::count_if(
+      members.begin(), members.end(), [&](int world) { return world >= launch_ranks_; }));
+  RS_LOG_WARN("launch rank {}: generation {} formed: {} ranks ({} joined), this is rank {}{}", me,
+              next, members.size(), growth.joined, growth.options.rank,
+              excluded.empty() ? "" : " (left out: " + excluded + ")");
+  // A joiner that died before it took part fails the graph's exchange as it fails create().
+  growth.options.topology = grownTopology(round, growth.options, members);
+  return growth;
+}
+
+CommunicatorOptions Membership::withoutJoiners(const Config& config, Duration timeout,
+                                               const Growth& growth, const std::string& why) {
+  // A joiner that died after it asked (or a member that died after the agreement) leaves the
+  // new generation unable to connect, on every rank that waits for it. The members fall back
+  // to themselves, in the next round, as shrink() does: the joiners' launch ranks are spent, a
+  // dead member is left out by its deadline.
+  const int me = worldRank();
+  const int next = growth.options.generation;
+  const int again = next + 1;
+  const std::string retry = key_root_ + "/gen" + std::to_string(again);
+  RS_LOG_WARN(
+      "launch rank {}: generation {} did not come up ({}); re-forming without its joiners as "
+      "generation {}",
+      me, next, why, again);
+  const auto [survivors, left_out] =
+      agreeOnMembers(retry, timeout, [&](Deadline deadline) { decideShrink(retry, deadline); });
+  if (std::find(survivors.begin(), survivors.end(), me) == survivors.end()) {
+    throw PeerLostError("grow: generation " + std::to_string(next) + " did not come up (" + why +
+                        "), and launch rank " + std::to_string(me) +
+                        " is not among the members of generation " + std::to_string(again) + " (" +
+                        left_out + ")");
+  }
+  CommunicatorOptions options =
+      nextOptions(config, retry, again, survivors, me, growth.options.launch_ranks);
+  options.topology = renumberedTopology(survivors);
+  return options;
+}
+
+void Membership::decideShrink(const std::string& round, Deadline deadline) {
+  std::string excluded;
+  const std::vector<int> survivors = decideSurvivors(round, deadline, excluded);
+  store_->setString(round + "/excluded", excluded, kStoreCall);
+  store_->setString(round + "/members", membership::formatRanks(survivors), kStoreCall);
+}
+
+void Membership::decideGrowth(const Config& config, const std::string& round, int next,
+                              Deadline deadline) {
   std::string excluded;
   std::vector<int> members = decideSurvivors(round, deadline, excluded);
   const size_t before = members.size();
@@ -104,7 +203,7 @@ void Communicator::decideGrowth(const std::string& round, int next, Deadline dea
     const auto [token, host, joiner_graph] = parseRequest(request);
     if (request.empty()) {
       answers.emplace_back(key, "refused: its request did not reach the store");
-    } else if (token != config_.token) {
+    } else if (token != config.token) {
       // Never the tokens themselves in a log or an error.
       RS_LOG_WARN(
           "grow into generation {}: refused joiner ticket {} (host {}): its job token "
@@ -131,63 +230,9 @@ void Communicator::decideGrowth(const std::string& round, int next, Deadline dea
   for (const auto& [key, answer] : answers) store_->setString(key + "/answer", answer, kStoreCall);
 }
 
-std::unique_ptr<Communicator> Communicator::grow(Timeout timeout_arg) {
-  const Duration timeout = retire("grow", timeout_arg);
-  const int me = worldRank();
-  const int next = generation_ + 1;
-  const std::string round = key_root_ + "/gen" + std::to_string(next);
-  const auto [members, excluded] = agreeOnMembers(
-      round, timeout, [&](Deadline deadline) { decideGrowth(round, next, deadline); });
-  if (std::find(members.begin(), members.end(), me) == members.end()) {
-    throw PeerLostError("grow: launch rank " + std::to_string(me) +
-                        " is not among the members of generation " + std::to_string(next) + " (" +
-                        excluded + ")");
-  }
-  const int launch_ranks = std::stoi(store_->getString(round + "/launch_ranks", kStoreCall));
-  Options options = nextOptions(round, next, members, me, launch_ranks);
-  const size_t joined = static_cast<size_t>(std::count_if(
-      members.begin(), members.end(), [&](int world) { return world >= launch_ranks_; }));
-  RS_LOG_WARN("launch rank {}: generation {} formed: {} ranks ({} joined), this is rank {}{}", me,
-              next, members.size(), joined, options.rank,
-              excluded.empty() ? "" : " (left out: " + excluded + ")");
-  std::unique_ptr<Communicator> grown;
-  try {
-    // A joiner that died before it took part fails the graph's exchange as it fails create().
-    options.topology = grownTopology(round, options, members);
-    grown = create(*store_, options);
-  } catch (const Error& e) {
-    // A joiner that died after it asked (or a member that died after the agreement) leaves
-    // the new generation unable to connect, on every rank that waits for it. With joiners in
-    // it the members fall back to themselves, in the next round, as shrink() does: the
-    // joiners' launch ranks are spent, a dead member is left out by its deadline.
-    const ErrorKind kind = kindOf(e);
-    if (joined == 0 || (kind != ErrorKind::kTimeout && kind != ErrorKind::kPeerLost)) {
-      throw;
-    }
-    const int again = next + 1;
-    const std::string retry = key_root_ + "/gen" + std::to_string(again);
-    RS_LOG_WARN(
-        "launch rank {}: generation {} did not come up ({}); re-forming without its "
-        "joiners as generation {}",
-        me, next, e.what(), again);
-    const auto [survivors, left_out] =
-        agreeOnMembers(retry, timeout, [&](Deadline deadline) { decideShrink(retry, deadline); });
-    if (std::find(survivors.begin(), survivors.end(), me) == survivors.end()) {
-      throw PeerLostError("grow: generation " + std::to_string(next) + " did not come up (" +
-                          e.what() + "), and launch rank " + std::to_string(me) +
-                          " is not among the members of generation " + std::to_string(again) +
-                          " (" + left_out + ")");
-    }
-    options = nextOptions(retry, again, survivors, me, launch_ranks);
-    options.topology = renumberedTopology(survivors);
-    grown = create(*store_, options);
-  }
-  for (const auto& resource : resources_) grown->keepAlive(resource);
-  return grown;
-}
-
-std::shared_ptr<const topology::Topology> Communicator::grownTopology(
-    const std::string& round, const Options& next, const std::vector<int>& members) const {
+std::shared_ptr<const topology::Topology> Membership::grownTopology(
+    const std::string& round, const CommunicatorOptions& next,
+    const std::vector<int>& members) const {
   // Members come first (launch ranks below launch_ranks_), joiners after them.
   const auto first_joiner = std::find_if(members.begin(), members.end(),
                                          [&](int world) { return world >= launch_ranks_; });
@@ -199,47 +244,11 @@ std::shared_ptr<const topology::Topology> Communicator::grownTopology(
   return extend_topology_(*store_, *graph_round);
 }
 
-void Communicator::markClosed() noexcept {
-  // Only a store that outlives the ranks can have joiners (RAILSHARD_JOIN needs one); any
-  // other may already be gone with the rank that hosted it.
-  if (!store_ || !config_.store_external || retired_ != nullptr || !aborted_.empty()) return;
-  constexpr auto kCall = std::chrono::seconds(2);
-  try {
-    if (store_->add(key_prefix_ + "/closed", 1, kCall) < size_) return;
-    store_->add(key_root_ + "/finished", 1, kCall);
-    // Joiners that asked before the mark are turned away here; later ones see the mark.
-    const int64_t tickets = store_->add(key_root_ + "/joiners", 0, kCall);
-    const int64_t scanned = store_->add(key_root_ + "/joiners/scanned", 0, kCall);
-    for (int64_t t = scanned + 1; t <= tickets; ++t) {
-      settleTicket(*store_, key_root_ + "/joiner/" + std::to_string(t),
-                   "refused: the job finished (every member of generation " +
-                       std::to_string(generation_) + " closed) before it was admitted");
-    }
-  } catch (const std::exception& e) {
-    RS_LOG_DEBUG("rank {}: could not mark generation {} closed in the store: {}", rank_,
-                 generation_, e.what());
-  }
-}
-
-int Communicator::joinersWaiting(Timeout timeout) {
-  checkUsable("joinersWaiting");
-  int64_t waiting = 0;
-  if (rank_ == 0 && store_) {
-    waiting = store_->add(key_root_ + "/joiners", 0, kStoreCall) -
-              store_->add(key_root_ + "/joiners/scanned", 0, kStoreCall);
-  }
-  broadcast(&waiting, 1, DataType::kInt64, 0, timeout);
-  return static_cast<int>(waiting);
-}
-
-std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Timeout timeout) {
+CommunicatorOptions Membership::join(const CommunicatorOptions& options_in, Duration timeout) {
   if (!options_in.store) {
     throw InvalidArgument("join: Options::store is null: a joiner finds the job through its store");
   }
-  if (timeout <= Timeout::zero()) {
-    throw InvalidArgument("join: timeout must be positive, got " + std::to_string(timeout.count()) +
-                          " ms");
-  }
+  const auto timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
   Store& store = *options_in.store;
   const std::string root =
       options_in.key_root.empty() ? options_in.key_prefix : options_in.key_root;
@@ -263,7 +272,7 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   } catch (const TimeoutError&) {
     if (store.add(key + "/claim", 1, kStoreCall) == 1) {
       throw TimeoutError("join: no grow() of the job '" + root + "' admitted this joiner within " +
-                         std::to_string(timeout.count()) + " ms (ticket " + std::to_string(ticket) +
+                         std::to_string(timeout_ms) + " ms (ticket " + std::to_string(ticket) +
                          "; withdrawn): its members call Communicator::grow() at a step boundary");
     }
     // A leader settled the ticket first: its answer follows at once.
@@ -279,7 +288,7 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   const std::string round = root + "/gen" + std::to_string(next);
   const std::vector<int> members =
       membership::parseRanks(store.getString(round + "/members", kStoreCall));
-  Options options = options_in;
+  CommunicatorOptions options = options_in;
   options.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   options.size = static_cast<int>(members.size());
   options.key_prefix = round;
@@ -292,7 +301,29 @@ std::unique_ptr<Communicator> Communicator::join(const Options& options_in, Time
   // A joiner knows no graph; with none extended, hosts are compared through the store.
   const std::optional<GraphRound> graph_round = graphRound(store, round, options);
   options.topology = graph_round ? options.extend_topology(store, *graph_round) : nullptr;
-  return create(store, options);
+  return options;
+}
+
+void Membership::markClosed(const Config& config) noexcept {
+  // Only a store that outlives the ranks can have joiners (RAILSHARD_JOIN needs one); any
+  // other may already be gone with the rank that hosted it.
+  if (!store_ || !config.store_external || retired_ != nullptr || !aborted_.empty()) return;
+  constexpr auto kCall = std::chrono::seconds(2);
+  try {
+    if (store_->add(key_prefix_ + "/closed", 1, kCall) < size_) return;
+    store_->add(key_root_ + "/finished", 1, kCall);
+    // Joiners that asked before the mark are turned away here; later ones see the mark.
+    const int64_t tickets = store_->add(key_root_ + "/joiners", 0, kCall);
+    const int64_t scanned = store_->add(key_root_ + "/joiners/scanned", 0, kCall);
+    for (int64_t t = scanned + 1; t <= tickets; ++t) {
+      settleTicket(*store_, key_root_ + "/joiner/" + std::to_string(t),
+                   "refused: the job finished (every member of generation " +
+                       std::to_string(generation_) + " closed) before it was admitted");
+    }
+  } catch (const std::exception& e) {
+    RS_LOG_DEBUG("rank {}: could not mark generation {} closed in the store: {}", rank_,
+                 generation_, e.what());
+  }
 }
 
 }  // namespace railshard
