@@ -83,8 +83,11 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
   channels->mesh_ =
       std::make_unique<transport::messaging::Mesh>(options.rank, options.size, tagFormatter());
   if (options.size > 1) {
+    // Sockets first: every rank accepts its peers' connections (and refuses strangers') while
+    // the slowest rank is still starting; the host's segment then waits for the host's ranks.
+    transport::links::tcp::Connections sockets = channels->connectSockets(store);
     channels->setUpHost(store);
-    channels->connectLinks(store);
+    channels->connectLinks(store, std::move(sockets));
     channels->joinErrorStates();
   }
   return channels;
@@ -101,7 +104,21 @@ void Channels::joinErrorStates() {
                                                     bool) { engine->abort(kind, message); });
 }
 
-void Channels::connectLinks(Store& store) {
+transport::links::tcp::Connections Channels::connectSockets(Store& store) {
+  const Config& config = *options_.config;
+  transport::links::tcp::ConnectOptions tcp;
+  tcp.rank = options_.rank;
+  tcp.size = options_.size;
+  tcp.token = config.token;
+  tcp.advertise_host = options_.advertise_host;
+  tcp.key_prefix = options_.key_prefix;
+  tcp.connect_timeout = config.connect_timeout;
+  tcp.peer_rails = railsToPeers(options_);
+  tcp.sockets_per_rail = config.sockets_per_rail;
+  return transport::links::tcp::connectPeers(store, tcp);
+}
+
+void Channels::connectLinks(Store& store, transport::links::tcp::Connections connections) {
   using transport::messaging::Messenger;
   const Config& config = *options_.config;
   const int rank = options_.rank;
@@ -113,17 +130,6 @@ void Channels::connectLinks(Store& store) {
       static_cast<unsigned>(layout_->localSize(rank) > 0 ? layout_->localSize(rank) : 1);
   mesh_->setWaitPlan(transport::messaging::planWait(
       config.wait, machine, std::chrono::duration_cast<Duration>(config.spin)));
-
-  transport::links::tcp::ConnectOptions tcp;
-  tcp.rank = rank;
-  tcp.size = size;
-  tcp.token = config.token;
-  tcp.advertise_host = options_.advertise_host;
-  tcp.key_prefix = options_.key_prefix;
-  tcp.connect_timeout = config.connect_timeout;
-  tcp.peer_rails = railsToPeers(options_);
-  tcp.sockets_per_rail = config.sockets_per_rail;
-  transport::links::tcp::Connections connections = transport::links::tcp::connectPeers(store, tcp);
 
   std::unique_ptr<transport::links::ibverbs::RdmaPlan> rdma;
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {

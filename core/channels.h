@@ -9,6 +9,7 @@
 #include "core/collectives/host_layout.h"
 #include "core/collectives/link_probe.h"
 #include "core/collectives/tuner.h"
+#include "transport/links/tcp/tcp_connect.h"
 #include "transport/messaging/mesh.h"
 
 namespace railshard {
@@ -71,8 +72,10 @@ class Channels {
   void mapHostSegment(Store& store, const std::vector<int>& mine);
   void measureHost(Store& store, int leader);
   void agreeOnMeasuredLinks(Store& store);
-  // channels.cc: the messengers and their links; the segment's and the group's errors as one.
-  void connectLinks(Store& store);
+  // channels.cc: the sockets to every peer (first: see connect()), the messengers and their
+  // links; the segment's and the group's errors as one.
+  transport::links::tcp::Connections connectSockets(Store& store);
+  void connectLinks(Store& store, transport::links::tcp::Connections connections);
   void joinErrorStates();
 
   Options options_;

@@ -1,5 +1,5 @@
 // libFuzzer target: what a data connection's accepting side decodes from untrusted bytes
-// (transport/tcp/frame.h): the hello (fixed part, token length, token) and its check against
+// (links/tcp/hello.h, messaging/frame.h): the hello (fixed part, token length, token) and its check against
 // the job, then frame headers as the read path validates them.
 //
 // Input layout: byte 0 picks this rank's view (my_rank, world_size), the rest is the stream
@@ -14,11 +14,13 @@
 #include <string>
 
 #include "base/error.h"
-#include "transport/tcp/frame.h"
+#include "transport/links/tcp/hello.h"
+#include "transport/messaging/frame.h"
 
 namespace {
 
-using namespace railshard::transport::tcp;
+using namespace railshard::transport::links::tcp;
+using namespace railshard::transport::messaging;
 
 void check(bool ok) {
   if (!ok) std::abort();
@@ -29,23 +31,33 @@ void fuzzHeader(std::span<const uint8_t> bytes) {
     const FrameHeader header = parseFrameHeader(bytes);
     // What validation promises the read path, which sizes buffers and copies from these.
     check(header.magic == kFrameMagic);
+    check(header.flags <= kFrameResent);
     switch (static_cast<FrameKind>(header.kind)) {
-      case FrameKind::kPiece:
-        check(header.error_kind <= kPieceResent);
-        [[fallthrough]];
       case FrameKind::kData:
-        check(header.offset <= header.total_bytes);
-        check(header.payload_bytes <= header.total_bytes - header.offset);
+        check(header.offset <= header.total);
+        check(header.length <= header.total - header.offset);
+        break;
+      case FrameKind::kOffer:
+      case FrameKind::kGrant:
+      case FrameKind::kConnect:
+      case FrameKind::kConnectAck:
+        check(header.length <= kMaxControlPayload);
         break;
       case FrameKind::kAbort:
-        check(header.payload_bytes <= kMaxAbortMessage);
+        check(header.length <= kMaxControlPayload);
         check(header.error_kind <= static_cast<uint8_t>(railshard::ErrorKind::kProtocol));
+        break;
+      case FrameKind::kReadDone:
+      case FrameKind::kWritten:
+        check(header.length == 0);
+        check(header.total >= 1 && header.total <= 64 && header.link < 64);
         break;
       case FrameKind::kBye:
       case FrameKind::kAck:
-      case FrameKind::kRailDown:
       case FrameKind::kPing:
-        check(header.payload_bytes == 0);
+      case FrameKind::kLinkDown:
+      case FrameKind::kConnected:
+        check(header.length == 0);
         break;
       default:
         check(false);  // an unknown kind must not validate

@@ -177,6 +177,31 @@ TEST(Messenger, StripesByRateOverTwoLinksAndReassemblesExactly) {
   }
 }
 
+// A socket's share that completes as it is posted (a small piece is copied and released at
+// once) must not complete the send while another link's share still waits for room: the
+// caller would free a buffer the lane has yet to read.
+TEST(Messenger, ASendCompletesOnlyWhenEveryLinksShareIsOut) {
+  Pair pair({socketLike("tcp", 10), laneLike("lane", 10)}, {true, true});
+  pair.fake[0][1]->room = 0;  // the lane has no room yet
+  const auto sent = pattern(96 << 10, 9);
+  std::vector<uint8_t> got(sent.size(), 0);
+  auto recv = pair.m[1]->irecv(got.data(), got.size(), tagOf(0));
+  auto send = pair.m[0]->isend(sent.data(), sent.size(), tagOf(0));
+  EXPECT_EQ(pair.fake[0][0]->posts, 1) << "the socket's share went at once";
+  EXPECT_EQ(pair.fake[0][1]->posts, 0);
+  EXPECT_FALSE(send->done()) << "complete with the lane's share unsent";
+  pair.fake[0][1]->room = INT_MAX;
+  {
+    auto guard = pair.m[0]->guard();
+    pair.m[0]->roomLocked(1);
+  }
+  pair.deliverAll();
+  expectDone(*pair.mesh[0], send);
+  expectDone(*pair.mesh[1], recv);
+  EXPECT_EQ(got, sent);
+  EXPECT_GT(pair.m[0]->bytesSent(1), 0u);
+}
+
 // Frames of a 4 MiB message in flight on both links; link 1 is cut after some of its frames
 // arrived: the rest of them come again on link 0, and every byte lands exactly once (a byte
 // twice would be more bytes than the message has: a ProtocolError).

@@ -22,7 +22,7 @@ namespace railshard::launcher {
 namespace {
 
 using namespace std::chrono_literals;
-namespace tcp = transport::tcp;
+namespace tcp = transport::links::tcp;
 
 constexpr char kToken[] = "s3cret-job-token";
 

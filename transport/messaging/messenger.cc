@@ -278,7 +278,9 @@ std::vector<RailStatus> Messenger::rails() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<RailStatus> result;
   for (const auto& l : links_) {
-    if (!l->data()) continue;
+    // Network rails only: a same-host channel is memory, not a rail (what the rails carry is
+    // what crossed a network).
+    if (!l->data() || l->attributes().kind == links::LinkKind::kShm) continue;
     const links::LinkAttributes& a = l->attributes();
     RailStatus status;
     status.peer = options_.peer;

@@ -209,7 +209,7 @@ class Messenger {
   void pumpAllLocked();
   void postFrameLocked(LinkState& link, const OutFramePtr& frame);
   void frameCompleteLocked(LinkState& link, const OutFramePtr& frame);
-  void deliveredLocked(LinkState& link, OutFrame& frame, uint64_t when_ns);
+  uint64_t deliveredLocked(LinkState& link, OutFrame& frame);  // its data bytes
   void releaseLocked(OutFrame& frame);
   void releaseByCopyLocked(SendOp& op);
   void completeLocked(Request& request);

@@ -37,12 +37,16 @@ void Messenger::planLocked(const std::shared_ptr<SendOp>& op) {
   base.total = op->bytes();
   base.tag = op->tag();
   // Each link's share is posted as it is queued: a link that runs dry steals only from shares
-  // queued before its own, never from one that has not had a chance to start.
+  // queued before its own, never from one that has not had a chance to start. The plan holds
+  // the send open meanwhile: a first share that completes at once (a socket took it whole)
+  // must not complete the send before the other shares are queued.
+  ++op->outstanding;
   for (const auto& piece : pieces) {
     LinkState& link = at(link_of_rail_[static_cast<size_t>(piece.rail)]);
     queuePiecesLocked(link, op, base, op->data + piece.offset, piece.offset, piece.length);
     pumpLocked(link);
   }
+  if (--op->outstanding == 0) completeLocked(*op);
 }
 
 void Messenger::queuePiecesLocked(LinkState& link, const std::shared_ptr<SendOp>& op,
@@ -148,7 +152,7 @@ void Messenger::frameCompleteLocked(LinkState& link, const OutFramePtr& frame) {
     }
   }
   if (link.attributes().delivery == links::Delivery::kCompletion) {
-    deliveredLocked(link, *frame, steadyNs(now()));
+    sampleLocked(link, deliveredLocked(link, *frame), steadyNs(now()));
     return;
   }
   if (!retains()) {
@@ -180,13 +184,11 @@ void Messenger::releaseByCopyLocked(SendOp& op) {
   }
 }
 
-void Messenger::deliveredLocked(LinkState& link, OutFrame& frame, uint64_t when_ns) {
+uint64_t Messenger::deliveredLocked(LinkState& link, OutFrame& frame) {
   link.last_progress = now();
-  if (kindOf(frame.header) == FrameKind::kData && data_links_ > 1 &&
-      options_.weights == RailWeights::kAdaptive) {
-    sampleLocked(link, frame.header.length, when_ns);
-  }
+  const uint64_t bytes = kindOf(frame.header) == FrameKind::kData ? frame.header.length : 0;
   releaseLocked(frame);
+  return bytes;
 }
 
 void Messenger::releaseLocked(OutFrame& frame) {
@@ -221,11 +223,16 @@ void Messenger::maybeIdleLocked(LinkState& link) {
 }
 
 void Messenger::sampleLocked(LinkState& link, uint64_t bytes, uint64_t when_ns) {
-  if (!link.busy || !link.data()) return;
+  if (bytes == 0 || !link.busy || !link.data() || data_links_ < 2 ||
+      options_.weights != RailWeights::kAdaptive) {
+    return;
+  }
   // Bytes delivered between deliveries while the link had data to deliver: its rate when
   // loaded, whatever share of the traffic it carries. From the first delivery of a busy period
   // on, timed by the receiver's clock where it acknowledges (acknowledgements queue behind
   // other data on their way back, by a delay that would pass for a slower or faster link).
+  // One sample per delivery event (an acknowledgement, a completion): what an event that opens
+  // the window covers arrived before it, so none of it counts.
   if (!link.sample_open) {
     link.sample_open = true;
     link.sample_ns = when_ns;
@@ -260,11 +267,13 @@ void Messenger::onAckLocked(const FrameHeader& header) {
     return;
   }
   link.last_progress = now();
+  uint64_t bytes = 0;
   while (!link.unacked.empty() && link.unacked.front()->seq < consumed) {
     OutFramePtr frame = std::move(link.unacked.front());
     link.unacked.pop_front();
-    deliveredLocked(link, *frame, header.offset);
+    bytes += deliveredLocked(link, *frame);
   }
+  sampleLocked(link, bytes, header.offset);
   maybeIdleLocked(link);
 }
 

@@ -56,8 +56,12 @@ bool TcpLink::post(const messaging::OutFramePtr& frame) {
   sends_.push_back(std::move(item));
   ++data_items_;
   // Nothing queued ahead (the usual case): written from this thread now, which saves the
-  // driver's wake-up on every small message.
-  return writeLocked(false) > 0;
+  // driver's wake-up on every small message. Frames ahead of it that completed meanwhile are
+  // reported with the next flush unless this one completed too (then all of them did).
+  unreported_ += writeLocked(false);
+  if (data_items_ > 0) return false;
+  unreported_ = 0;
+  return true;
 }
 
 void TcpLink::postControl(const messaging::FrameHeader& header, const std::string& payload) {
@@ -120,7 +124,9 @@ int TcpLink::writeLocked(bool control_only) {
 }
 
 int TcpLink::flushLocked() {
-  return writeLocked(false);
+  const int completed = writeLocked(false) + unreported_;
+  unreported_ = 0;
+  return completed;
 }
 
 void TcpLink::setWriteInterest(bool on) {
@@ -144,6 +150,7 @@ void TcpLink::shutdown() {
   if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
   sends_.clear();
   data_items_ = 0;
+  unreported_ = 0;
   driver_.wake();
 }
 

@@ -100,6 +100,7 @@ class TcpLink final : public Link {
   // Send side: guarded by the messenger's lock.
   std::deque<Item> sends_;
   int data_items_ = 0;
+  int unreported_ = 0;  // frames written by post() ahead of one still on its way
   bool write_interest_ = false;
   int sndbuf_ = 0;
   std::string broken_;
