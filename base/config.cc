@@ -100,11 +100,11 @@ const std::vector<Config::Variable>& Config::variables() {
        "open. Heartbeats go out every fifth of this. 0 disables it.",
        [](Config& c, const std::string& v) {
          if (v == "0") {
-           c.heartbeat_timeout = std::chrono::milliseconds(0);
+           c.links.heartbeat_timeout = std::chrono::milliseconds(0);
            return;
          }
-         c.heartbeat_timeout = toMillis(parseSeconds("RAILSHARD_HEARTBEAT_TIMEOUT", v));
-         if (c.heartbeat_timeout.count() < 100) {
+         c.links.heartbeat_timeout = toMillis(parseSeconds("RAILSHARD_HEARTBEAT_TIMEOUT", v));
+         if (c.links.heartbeat_timeout.count() < 100) {
            throw ConfigError("RAILSHARD_HEARTBEAT_TIMEOUT='" + v + "' must be 0 or at least 0.1 s");
          }
        }},
@@ -142,12 +142,12 @@ const std::vector<Config::Variable>& Config::variables() {
       {"RAILSHARD_IB_HCA", "(every device)",
        "RDMA ports to use as rails, comma-separated device names with an optional port: "
        "mlx5_0,mlx5_1:1. Lane r to a peer joins this rank's r-th port to the peer's r-th.",
-       [](Config& c, const std::string& v) { c.ib_hca = v; }},
+       [](Config& c, const std::string& v) { c.rdma.hca = v; }},
       {"RAILSHARD_IB_GID_INDEX", "auto",
        "RoCE GID table index. auto: RoCE v2 with an IPv4 address (else IPv6), lowest index; "
        "InfiniBand uses index 0.",
        [](Config& c, const std::string& v) {
-         c.ib_gid_index =
+         c.rdma.gid_index =
              v == "auto" ? -1 : static_cast<int>(parseInteger("RAILSHARD_IB_GID_INDEX", v, 0, 255));
        }},
       {"RAILSHARD_IB_TIMEOUT", "18",
@@ -155,17 +155,17 @@ const std::vector<Config::Variable>& Config::variables() {
        "With RAILSHARD_IB_RETRY_CNT it bounds how long a dead peer takes to surface as a "
        "retry-exceeded error.",
        [](Config& c, const std::string& v) {
-         c.ib_timeout = static_cast<int>(parseInteger("RAILSHARD_IB_TIMEOUT", v, 1, 31));
+         c.rdma.ack_timeout = static_cast<int>(parseInteger("RAILSHARD_IB_TIMEOUT", v, 1, 31));
        }},
       {"RAILSHARD_IB_RETRY_CNT", "7", "RDMA transport retries before a send fails (0-7).",
        [](Config& c, const std::string& v) {
-         c.ib_retry_cnt = static_cast<int>(parseInteger("RAILSHARD_IB_RETRY_CNT", v, 0, 7));
+         c.rdma.retry_cnt = static_cast<int>(parseInteger("RAILSHARD_IB_RETRY_CNT", v, 0, 7));
        }},
       {"RAILSHARD_IB_SLOTS", "16",
        "Slots of each RDMA receive ring (one ring per peer and rail, and a staging ring of the "
        "same size): the pieces a sender may have in flight on a lane.",
        [](Config& c, const std::string& v) {
-         c.ib_slots = static_cast<int>(parseInteger("RAILSHARD_IB_SLOTS", v, 2, 4096));
+         c.rdma.slots = static_cast<int>(parseInteger("RAILSHARD_IB_SLOTS", v, 2, 4096));
        }},
       {"RAILSHARD_IB_SLOT_BYTES", "256K",
        "Size of one RDMA ring slot (a piece plus its 64-byte header; multiple of 64, 4K to "
@@ -176,7 +176,7 @@ const std::vector<Config::Variable>& Config::variables() {
            throw ConfigError("RAILSHARD_IB_SLOT_BYTES: " + v +
                              " is not a multiple of 64 between 4K and 64M");
          }
-         c.ib_slot_bytes = bytes;
+         c.rdma.slot_bytes = bytes;
        }},
       {"RAILSHARD_IB_RENDEZVOUS", "auto",
        "RDMA messages from host memory of this size or more are read by the receiver straight "
@@ -184,11 +184,12 @@ const std::vector<Config::Variable>& Config::variables() {
        "smaller ones are copied through the ring slots. auto: 512K on RDMA hardware, off on "
        "software devices (Soft-RoCE, soft iWARP: measured slower there). 0 or off: never.",
        [](Config& c, const std::string& v) {
-         c.ib_rendezvous_auto = v == "auto";
+         c.rdma.rendezvous_auto = v == "auto";
          if (v == "auto") {
-           c.ib_rendezvous = 512 << 10;
+           c.rdma.rendezvous_bytes = 512 << 10;
          } else {
-           c.ib_rendezvous = v == "off" || v == "0" ? 0 : parseBytes("RAILSHARD_IB_RENDEZVOUS", v);
+           c.rdma.rendezvous_bytes =
+               v == "off" || v == "0" ? 0 : parseBytes("RAILSHARD_IB_RENDEZVOUS", v);
          }
        }},
       {"RAILSHARD_IB_RENDEZVOUS_VERB", "auto",
@@ -196,13 +197,13 @@ const std::vector<Config::Variable>& Config::variables() {
        "one offer) or write (the receiver grants its buffer, the sender writes into it: one "
        "more message, but RDMA WRITE instead of READ). auto: read on RDMA hardware, write on "
        "software devices (rxe's READ is its slow verb). A pair that cannot read writes.",
-       [](Config& c, const std::string& v) { c.ib_rendezvous_verb = rendezvousVerbFrom(v); }},
+       [](Config& c, const std::string& v) { c.rdma.rendezvous_verb = rendezvousVerbFrom(v); }},
       {"RAILSHARD_IB_READMIT_MS", "1000",
        "How often a failed RDMA lane is tried again: a new queue pair on the same rail, "
        "exchanged through the store and probed with one write before it carries traffic again. "
        "0: a failed lane stays out until the communicator is made again.",
        [](Config& c, const std::string& v) {
-         c.ib_readmit =
+         c.rdma.readmit =
              std::chrono::milliseconds(parseInteger("RAILSHARD_IB_READMIT_MS", v, 0, 3600 * 1000));
        }},
       {"RAILSHARD_IB_CONNECT", "auto",
@@ -211,7 +212,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "few store round trips on that first message; a lane pins 8 MiB of registered rings by "
        "default, so a rank that talks to few of many peers saves most of it). auto: lazy "
        "when the rank has more than 8 RDMA peers.",
-       [](Config& c, const std::string& v) { c.ib_connect = laneConnectFrom(v); }},
+       [](Config& c, const std::string& v) { c.rdma.connect = laneConnectFrom(v); }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
@@ -222,7 +223,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "pipelined in slot-sized pieces. auto: 1M, shrunk to fit /dev/shm. Rank 0's value is "
        "used.",
        [](Config& c, const std::string& v) {
-         c.shm_slot_bytes = v == "auto" ? 0 : parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
+         c.shm.slot_bytes = v == "auto" ? 0 : parseBytes("RAILSHARD_SHM_SLOT_BYTES", v);
        }},
       {"RAILSHARD_P2P_SHM", "1",
        "1: point-to-point messages (send/recv) between ranks of one host go through shared "
@@ -230,7 +231,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "at start-up; pairs where it is refused use the transports). 0: over the transports "
        "(loopback TCP).",
        [](Config& c, const std::string& v) {
-         c.p2p_shm = parseInteger("RAILSHARD_P2P_SHM", v, 0, 1) == 1;
+         c.shm.p2p = parseInteger("RAILSHARD_P2P_SHM", v, 0, 1) == 1;
        }},
       {"RAILSHARD_SHM_SINGLE_COPY", "1M",
        "One-host all-reduces of at least this many bytes (suffix K, M, G) may read the other "
@@ -239,7 +240,7 @@ const std::vector<Config::Variable>& Config::variables() {
        "process_vm_readv when RAILSHARD_SHM_CROSS_READ=1. Needs cross-memory reads between "
        "every pair of the host (RAILSHARD_P2P_SHM); else staged. 0: always staged.",
        [](Config& c, const std::string& v) {
-         c.shm_single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
+         c.shm.single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
        }},
       {"RAILSHARD_SHM_CROSS_READ", "0",
        "1: the single copy (RAILSHARD_SHM_SINGLE_COPY) reads ordinary buffers too, with "
@@ -247,20 +248,20 @@ const std::vector<Config::Variable>& Config::variables() {
        "by default: it measured 1.2-1.4x the staged path on one CPU and 0.6-0.65x on another "
        "(docs/benchmarks.md); turn it on where allreduce_perf shows it faster.",
        [](Config& c, const std::string& v) {
-         c.shm_cross_read = parseInteger("RAILSHARD_SHM_CROSS_READ", v, 0, 1) == 1;
+         c.shm.cross_read = parseInteger("RAILSHARD_SHM_CROSS_READ", v, 0, 1) == 1;
        }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
        "before it sleeps in the kernel. Sleeping is cheap for the CPU but a wake-up can cost "
        "hundreds of microseconds on virtual machines; 0 sleeps at once.",
        [](Config& c, const std::string& v) {
-         c.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
+         c.wait.spin = std::chrono::microseconds(parseInteger("RAILSHARD_SPIN_US", v, 0, 60000000));
        }},
       {"RAILSHARD_WAIT", "auto",
        "How a shared-memory wait passes the time before it sleeps. auto and spin: poll "
        "RAILSHARD_SPIN_US, 20 us with pause then yielding (yielding from the start with more "
        "ranks than cores). sleep: sleep after a 2 us glance.",
-       [](Config& c, const std::string& v) { c.wait = waitModeFrom(v); }},
+       [](Config& c, const std::string& v) { c.wait.mode = waitModeFrom(v); }},
       {"RAILSHARD_KERNEL_ISA", "auto",
        "Reduction kernels to use: auto (best the CPU supports), avx512, avx2 or portable. A "
        "choice the CPU cannot run is a ConfigError. Read by kernels/ itself.",
@@ -290,28 +291,28 @@ const std::vector<Config::Variable>& Config::variables() {
        "How messages between two hosts are split over their rails: adaptive (start from the "
        "topology's speeds, re-estimate from every transfer), static (the topology's speeds, "
        "never re-estimated) or equal.",
-       [](Config& c, const std::string& v) { c.rail_weights = railWeightsFrom(v); }},
+       [](Config& c, const std::string& v) { c.links.weights = railWeightsFrom(v); }},
       {"RAILSHARD_STRIPE_TCP", "0",
        "1: between two hosts that use RDMA, stripe messages over the TCP connections too, "
        "beside the RDMA lanes, by measured rate (a TCP rail on its own NIC adds its "
        "bandwidth; one on the RDMA port's own interface would only compete with it). Every "
        "rank must use the same value.",
        [](Config& c, const std::string& v) {
-         c.stripe_tcp = parseInteger("RAILSHARD_STRIPE_TCP", v, 0, 1) == 1;
+         c.links.stripe_tcp = parseInteger("RAILSHARD_STRIPE_TCP", v, 0, 1) == 1;
        }},
       {"RAILSHARD_SOCKETS_PER_RAIL", "1",
        "TCP connections per rail between two hosts (1-16); more can help a fast NIC that one "
        "stream cannot fill.",
        [](Config& c, const std::string& v) {
-         c.sockets_per_rail =
+         c.links.sockets_per_rail =
              static_cast<int>(parseInteger("RAILSHARD_SOCKETS_PER_RAIL", v, 1, 16));
        }},
       {"RAILSHARD_RAIL_TIMEOUT", "2",
        "Seconds a rail may hold undelivered data without progress, while another rail to the "
        "same peer makes progress, before it is taken out and its data re-sent on the others.",
        [](Config& c, const std::string& v) {
-         c.rail_timeout = toMillis(parseSeconds("RAILSHARD_RAIL_TIMEOUT", v));
-         if (c.rail_timeout.count() < 10) {
+         c.links.rail_timeout = toMillis(parseSeconds("RAILSHARD_RAIL_TIMEOUT", v));
+         if (c.links.rail_timeout.count() < 10) {
            throw ConfigError("RAILSHARD_RAIL_TIMEOUT='" + v + "' must be at least 0.01 s");
          }
        }},
@@ -536,23 +537,23 @@ std::string Config::describe() const {
   std::ostringstream out;
   out << "log_level=" << name(log_level) << " timeout=" << timeout.count() / 1000.0 << "s"
       << " connect_timeout=" << connect_timeout.count() / 1000.0 << "s"
-      << " heartbeat_timeout=" << heartbeat_timeout.count() / 1000.0 << "s"
+      << " heartbeat_timeout=" << links.heartbeat_timeout.count() / 1000.0 << "s"
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
-      << " shm_slot_bytes=" << shm_slot_bytes << " p2p_shm=" << p2p_shm
-      << " shm_single_copy_bytes=" << shm_single_copy_bytes << " shm_cross_read=" << shm_cross_read
-      << " ib_hca=" << (ib_hca.empty() ? "-" : ib_hca) << " ib_gid_index=" << ib_gid_index
-      << " ib_timeout=" << ib_timeout << " ib_retry_cnt=" << ib_retry_cnt
-      << " ib_slots=" << ib_slots << " ib_slot_bytes=" << ib_slot_bytes << " ib_rendezvous="
-      << (ib_rendezvous_auto ? std::string("auto") : std::to_string(ib_rendezvous))
-      << " ib_rendezvous_verb=" << name(ib_rendezvous_verb) << " ib_readmit=" << ib_readmit.count()
-      << "ms ib_connect=" << name(ib_connect) << " wait=" << name(wait)
-      << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
+      << " shm_slot_bytes=" << shm.slot_bytes << " p2p_shm=" << shm.p2p
+      << " shm_single_copy_bytes=" << shm.single_copy_bytes << " shm_cross_read=" << shm.cross_read
+      << " ib_hca=" << (rdma.hca.empty() ? "-" : rdma.hca) << " ib_gid_index=" << rdma.gid_index
+      << " ib_timeout=" << rdma.ack_timeout << " ib_retry_cnt=" << rdma.retry_cnt
+      << " ib_slots=" << rdma.slots << " ib_slot_bytes=" << rdma.slot_bytes << " ib_rendezvous="
+      << (rdma.rendezvous_auto ? std::string("auto") : std::to_string(rdma.rendezvous_bytes))
+      << " ib_rendezvous_verb=" << name(rdma.rendezvous_verb)
+      << " ib_readmit=" << rdma.readmit.count() << "ms ib_connect=" << name(rdma.connect)
+      << " wait=" << name(wait.mode) << " store_addr=" << (store_addr.empty() ? "-" : store_addr)
       << " socket_ifname=" << (socket_ifname.empty() ? "-" : socket_ifname)
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
-      << " rail_weights=" << name(rail_weights) << " stripe_tcp=" << (stripe_tcp ? "1" : "0")
-      << " sockets_per_rail=" << sockets_per_rail
-      << " rail_timeout=" << rail_timeout.count() / 1000.0 << "s"
+      << " rail_weights=" << name(links.weights) << " stripe_tcp=" << (links.stripe_tcp ? "1" : "0")
+      << " sockets_per_rail=" << links.sockets_per_rail
+      << " rail_timeout=" << links.rail_timeout.count() / 1000.0 << "s"
       << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events
       << " metrics=" << (metrics_path.empty() ? "-" : metrics_path)
       << " metrics_port=" << metrics_port << " dispatch_policy=" << dispatch_policy

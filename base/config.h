@@ -43,49 +43,76 @@ LaneConnect laneConnectFrom(const std::string& text);
 WaitMode waitModeFrom(const std::string& text);
 LogLevel logLevelFrom(const std::string& text);
 
+// The parts of Config that parts of the library are made from: each takes its own struct
+// whole (the messenger its LinkConfig, the RDMA driver its RdmaConfig, ...), so a new variable
+// reaches its part without being copied field by field on the way.
+
+// How a messenger uses the links to its peer (transport/messaging, docs/multirail.md).
+struct LinkConfig {
+  RailWeights weights = RailWeights::kAdaptive;  // RAILSHARD_RAIL_WEIGHTS
+  bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails
+  int sockets_per_rail = 1;  // RAILSHARD_SOCKETS_PER_RAIL
+  // RAILSHARD_RAIL_TIMEOUT: a data link busy without progress this long, while another
+  // delivered, is taken out.
+  std::chrono::milliseconds rail_timeout{2000};
+  // RAILSHARD_HEARTBEAT_TIMEOUT: a peer heard nothing from for this long is declared lost
+  // (a stopped process, a stuck host); 0 disables the heartbeat.
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
+};
+
+// RDMA lanes (transport/links/ibverbs, docs/rdma.md).
+struct RdmaConfig {
+  std::string hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
+  int gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose
+  int ack_timeout = 18;           // RAILSHARD_IB_TIMEOUT: 4.096 us * 2^n ACK timeout
+  int retry_cnt = 7;              // RAILSHARD_IB_RETRY_CNT
+  int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
+  size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
+  // RAILSHARD_IB_RENDEZVOUS: host messages of this many bytes or more move in place
+  // (zero-copy); 0 = every message through the staging slots.
+  size_t rendezvous_bytes = 512 << 10;
+  bool rendezvous_auto = true;  // "auto": 512K, but not on software devices
+  RendezvousVerb rendezvous_verb = RendezvousVerb::kAuto;  // RAILSHARD_IB_RENDEZVOUS_VERB
+  std::chrono::milliseconds readmit{1000};                 // RAILSHARD_IB_READMIT_MS; 0 = never
+  LaneConnect connect = LaneConnect::kAuto;                // RAILSHARD_IB_CONNECT
+};
+
+// Shared memory between the ranks of one host (links/shm, core/collectives/shm_engine.h).
+struct ShmConfig {
+  size_t slot_bytes = 0;  // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
+  bool p2p = true;        // RAILSHARD_P2P_SHM: same-host messages through shared memory
+  size_t single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
+  bool cross_read = false;  // RAILSHARD_SHM_CROSS_READ: single copy of ordinary buffers too
+};
+
+// How every wait of the library passes the time (transport/messaging/wait_policy.h).
+struct WaitConfig {
+  std::chrono::microseconds spin{2000};  // RAILSHARD_SPIN_US: poll this long before sleeping
+  WaitMode mode = WaitMode::kAuto;       // RAILSHARD_WAIT
+};
+
 // All tunables in one place. Filled from RAILSHARD_* environment variables (see
 // docs/configuration.md, which a test keeps in sync with variables()).
 struct Config {
   LogLevel log_level = LogLevel::kWarn;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  // RAILSHARD_HEARTBEAT_TIMEOUT: a peer heard nothing from for this long is declared lost
-  // (a stopped process, a stuck host); 0 disables the heartbeat.
-  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   size_t chunk_bytes = size_t{1} << 20;
   std::string token;            // job token; empty only for in-process (thread) communicators
   std::string store_addr;       // host:port of the rendezvous store
   bool store_external = false;  // RAILSHARD_STORE_EXTERNAL: no rank hosts the store
   TransportKind transport = TransportKind::kAuto;
-  // RDMA (transport/ibverbs, docs/rdma.md)
-  std::string ib_hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
-  int ib_gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose
-  int ib_timeout = 18;               // RAILSHARD_IB_TIMEOUT: 4.096 us * 2^n ACK timeout
-  int ib_retry_cnt = 7;              // RAILSHARD_IB_RETRY_CNT
-  int ib_slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per peer and rail
-  size_t ib_slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
-  size_t ib_rendezvous = 512 << 10;  // RAILSHARD_IB_RENDEZVOUS; 0 = off
-  bool ib_rendezvous_auto = true;    // "auto": 512K, but not on software devices
-  RendezvousVerb ib_rendezvous_verb = RendezvousVerb::kAuto;  // RAILSHARD_IB_RENDEZVOUS_VERB
-  std::chrono::milliseconds ib_readmit{1000};                 // RAILSHARD_IB_READMIT_MS; 0 = never
-  LaneConnect ib_connect = LaneConnect::kAuto;                // RAILSHARD_IB_CONNECT
   std::string algorithm = "auto";   // RAILSHARD_ALGO: auto or a name from the tuner
   NcclMode nccl = NcclMode::kAuto;  // RAILSHARD_NCCL
-  size_t shm_slot_bytes = 0;        // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
-  bool p2p_shm = true;              // RAILSHARD_P2P_SHM: same-host messages through shared memory
-  size_t shm_single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
-  bool shm_cross_read = false;  // RAILSHARD_SHM_CROSS_READ: single copy of ordinary buffers too
-  std::chrono::microseconds spin{2000};  // poll this long before sleeping in a wait
-  WaitMode wait = WaitMode::kAuto;       // RAILSHARD_WAIT
-  std::string socket_ifname;             // interface (prefix) whose address peers connect to
-  std::string topo_file;                 // RAILSHARD_TOPO_FILE: load the cluster graph from here
-  std::string topo_dump;                 // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
-  bool probe = false;                    // RAILSHARD_PROBE: measure every rail at start-up
-  std::chrono::milliseconds probe_time{200};          // bulk-transfer time per rail in the probe
-  RailWeights rail_weights = RailWeights::kAdaptive;  // RAILSHARD_RAIL_WEIGHTS
-  bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails
-  int sockets_per_rail = 1;  // RAILSHARD_SOCKETS_PER_RAIL
-  std::chrono::milliseconds rail_timeout{2000};  // RAILSHARD_RAIL_TIMEOUT: stalled rail
+  LinkConfig links;
+  RdmaConfig rdma;
+  ShmConfig shm;
+  WaitConfig wait;
+  std::string socket_ifname;  // interface (prefix) whose address peers connect to
+  std::string topo_file;      // RAILSHARD_TOPO_FILE: load the cluster graph from here
+  std::string topo_dump;      // RAILSHARD_TOPO_DUMP: rank 0 writes the graph here
+  bool probe = false;         // RAILSHARD_PROBE: measure every rail at start-up
+  std::chrono::milliseconds probe_time{200};     // bulk-transfer time per rail in the probe
   std::string dispatch_policy = "proportional";  // RAILSHARD_DISPATCH_POLICY
   int dispatch_log_every = 100;  // RAILSHARD_DISPATCH_LOG_EVERY: plan at info level every N steps
   std::string trace_dir;         // RAILSHARD_TRACE: per-rank trace files go here; "" = off

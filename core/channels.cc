@@ -52,17 +52,7 @@ transport::links::ibverbs::FactoryOptions rdmaOptions(const Channels::Options& o
   ib.connect_timeout = config.connect_timeout;
   ib.mode = config.transport == TransportKind::kIbverbs ? transport::links::ibverbs::Mode::kForced
                                                         : transport::links::ibverbs::Mode::kAuto;
-  ib.hca = config.ib_hca;
-  ib.gid_index = config.ib_gid_index;
-  ib.ib_timeout = config.ib_timeout;
-  ib.ib_retry_cnt = config.ib_retry_cnt;
-  ib.slots = config.ib_slots;
-  ib.slot_bytes = config.ib_slot_bytes;
-  ib.rendezvous_bytes = config.ib_rendezvous;
-  ib.rendezvous_auto = config.ib_rendezvous_auto;
-  ib.rendezvous_verb = config.ib_rendezvous_verb;
-  ib.readmit_interval = std::chrono::duration_cast<Duration>(config.ib_readmit);
-  ib.connect = config.ib_connect;
+  ib.rdma = config.rdma;
   return ib;
 }
 
@@ -114,7 +104,7 @@ transport::links::tcp::Connections Channels::connectSockets(Store& store) {
   tcp.key_prefix = options_.key_prefix;
   tcp.connect_timeout = config.connect_timeout;
   tcp.peer_rails = railsToPeers(options_);
-  tcp.sockets_per_rail = config.sockets_per_rail;
+  tcp.sockets_per_rail = config.links.sockets_per_rail;
   return transport::links::tcp::connectPeers(store, tcp);
 }
 
@@ -129,7 +119,7 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
   machine.local_ranks =
       static_cast<unsigned>(layout_->localSize(rank) > 0 ? layout_->localSize(rank) : 1);
   mesh_->setWaitPlan(transport::messaging::planWait(
-      config.wait, machine, std::chrono::duration_cast<Duration>(config.spin)));
+      config.wait.mode, machine, std::chrono::duration_cast<Duration>(config.wait.spin)));
 
   std::unique_ptr<transport::links::ibverbs::RdmaPlan> rdma;
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {
@@ -143,8 +133,6 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
   driver_options.failure = &mesh_->failure();
   auto tcp_driver = std::make_unique<transport::links::tcp::TcpDriver>(
       driver_options, std::move(connections.listeners));
-  const Duration rail_timeout = std::chrono::duration_cast<Duration>(config.rail_timeout);
-  const Duration heartbeat = std::chrono::duration_cast<Duration>(config.heartbeat_timeout);
   transport::links::shm::ShmSegment* segment = engine_ ? &engine_->segment() : nullptr;
   bool any_rdma = false;
   for (int peer = 0; peer < size; ++peer) {
@@ -153,14 +141,12 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
     if (rdma) lanes.swap(rdma->lanes[static_cast<size_t>(peer)]);
     // A rank of this host's segment, in a pair that may exchange messages through it.
     const bool same_host =
-        segment != nullptr && config.p2p_shm && lanes.empty() &&
+        segment != nullptr && config.shm.p2p && lanes.empty() &&
         layout_->host_of[static_cast<size_t>(peer)] == layout_->host_of[static_cast<size_t>(rank)];
     transport::messaging::MessengerOptions messenger;
     messenger.peer = peer;
     messenger.peer_address = connections.address[static_cast<size_t>(peer)];
-    messenger.weights = config.rail_weights;
-    messenger.rail_timeout = rail_timeout;
-    messenger.heartbeat_timeout = heartbeat;
+    messenger.links = config.links;
     messenger.initiator = rank > peer;  // it opened the connections
     if (!lanes.empty()) {
       messenger.rendezvous_bytes = rdma->rendezvous_bytes;
@@ -182,8 +168,9 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
     // (heartbeats, reports, aborts, the lanes' records), unless asked to stripe with lanes; a
     // process's end closes them, so a peer that dies is noticed at once.
     auto& tcp_links = connections.by_peer[static_cast<size_t>(peer)];
-    transport::links::tcp::addLinks(*tcp_driver, *m, peer, tcp_links,
-                                    channel == nullptr && (lanes.empty() || config.stripe_tcp));
+    transport::links::tcp::addLinks(
+        *tcp_driver, *m, peer, tcp_links,
+        channel == nullptr && (lanes.empty() || config.links.stripe_tcp));
     for (auto& lane : lanes) m->addLink(std::move(lane), true, false);
     if (channel) m->addLink(std::move(channel), true, true);
     any_rdma = any_rdma || !lanes.empty();
@@ -195,33 +182,28 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
     const int local = layout_->local_rank_of[static_cast<size_t>(rank)];
     mesh_->wake().use(segment->control(local).mail_doorbell, segment->header().sleepers);
   }
+  // The RDMA driver first: its completion queues must exist before the TCP connections
+  // deliver a peer's request to connect a lane (lanes connected on first use).
+  if (rdma) rdma->driver->start();
   tcp_driver->start();
   mesh_->addDriver(std::move(tcp_driver));
-  if (rdma) {
-    rdma->driver->start();
-    mesh_->addDriver(std::move(rdma->driver));
-  }
+  if (rdma) mesh_->addDriver(std::move(rdma->driver));
   mesh_->setName(any_rdma ? "ibverbs" : "tcp");
-  mesh_->start(transport::links::tcp::tickPeriod(rail_timeout, heartbeat));
+  mesh_->start(transport::links::tcp::tickPeriod(config.links));
   if (!any_rdma || rdma->lazy) return;
   // Lanes connected at start-up: nobody writes before every lane it writes on is ready.
   for (int peer = 0; peer < size; ++peer) {
     if (auto* m = mesh_->messenger(peer)) m->connect();
   }
-  const Deadline until =
-      deadlineAfter(std::chrono::duration_cast<Duration>(config.connect_timeout));
+  const Duration timeout = std::chrono::duration_cast<Duration>(config.connect_timeout);
+  const Deadline until = deadlineAfter(timeout);
   for (int peer = 0; peer < size; ++peer) {
     auto* m = mesh_->messenger(peer);
     if (m == nullptr) continue;
-    while (!m->connected()) {
-      mesh_->failure().check();
-      if (Clock::now() >= until) {
-        throw TimeoutError("rank " + std::to_string(rank) + ": the RDMA lanes to rank " +
-                           std::to_string(peer) + " did not connect within " +
-                           formatSeconds(secondsSince(until - std::chrono::duration_cast<Duration>(
-                                                                  config.connect_timeout))));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!mesh_->waitUntil([m] { return m->connected(); }, until)) {
+      throw TimeoutError("rank " + std::to_string(rank) + ": the RDMA lanes to rank " +
+                         std::to_string(peer) + " did not connect within " +
+                         formatSeconds(std::chrono::duration<double>(timeout).count()));
     }
   }
   RS_LOG_DEBUG("rank {}: RDMA lanes connected", rank);

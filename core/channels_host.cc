@@ -145,7 +145,7 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   if (rank == leader) {
     std::string published;
     try {
-      const size_t slot = transport::links::shm::chooseSlotBytes(config.shm_slot_bytes, local_size);
+      const size_t slot = transport::links::shm::chooseSlotBytes(config.shm.slot_bytes, local_size);
       const std::string name = transport::links::shm::ShmSegment::makeName();
       segment = transport::links::shm::ShmSegment::create(name, local_size, slot);
       published = name + "|" + std::to_string(slot);
@@ -181,7 +181,7 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   engine_ = std::make_unique<collectives::ShmEngine>(
       std::move(segment), local_rank, local_size,
       std::chrono::duration_cast<Duration>(config.timeout),
-      std::chrono::duration_cast<Duration>(config.spin), mine, config.wait);
+      std::chrono::duration_cast<Duration>(config.wait.spin), mine, config.wait.mode);
   engine_->setFailure(&mesh_->failure());
   measureHost(store, leader);
   // Every rank of the host finds out whose memory it can read (cross-memory attach may be
@@ -191,10 +191,10 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   transport::links::shm::ShmSegment& shared = engine_->segment();
   transport::links::shm::ShmChannel::publishProbe(shared, local_rank);
   engine_->barrier(setUpTag());
-  transport::links::shm::ShmChannel::checkReadable(shared, local_rank, config.p2p_shm);
+  transport::links::shm::ShmChannel::checkReadable(shared, local_rank, config.shm.p2p);
   engine_->barrier(setUpTag());
-  engine_->setSingleCopy(config.shm_single_copy_bytes, config.shm_cross_read);
-  if (config.shm_single_copy_bytes > 0 && !engine_->everyoneReadsEveryone() && local_rank == 0) {
+  engine_->setSingleCopy(config.shm.single_copy_bytes, config.shm.cross_read);
+  if (config.shm.single_copy_bytes > 0 && !engine_->everyoneReadsEveryone() && local_rank == 0) {
     RS_LOG_INFO(
         "rank {}: large one-host all-reduces take the staged path through shared memory: "
         "cross-memory reads (process_vm_readv) are refused between some ranks of this host "

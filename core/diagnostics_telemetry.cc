@@ -180,7 +180,7 @@ void Diagnostics::setUpMetrics() {
   const std::string rank = std::to_string(membership_.worldRank());
   metrics_collector_ =
       metrics::addCollector([this, rank, last = std::map<std::string, uint64_t>()]() mutable {
-        for (const auto& rail : channels_.mesh().rails()) {
+        for (const auto& rail : channels_.mesh().links()) {
           const metrics::Labels labels = {
               {"rank", rank}, {"peer", std::to_string(rail.peer)}, {"rail", rail.name}};
           // The transport counts totals; the registry's counter advances by what is new.

@@ -207,12 +207,12 @@ void setMemoryLimit(const Location& location, double bytes) {
 }
 
 void fitWaitsToQuota(Config& config, bool spin_set) {
-  if (spin_set || config.spin.count() == 0) return;
+  if (spin_set || config.wait.spin.count() == 0) return;
   const double cores = cpuQuotaCores(locate("cpu"));
   if (cores > 0 && cores < 1) {
     RS_LOG_DEBUG("CPU quota of {:.3f} cores: waits sleep at once instead of spinning for {} us",
-                 cores, config.spin.count());
-    config.spin = std::chrono::microseconds(0);
+                 cores, config.wait.spin.count());
+    config.wait.spin = std::chrono::microseconds(0);
   }
 }
 

@@ -53,8 +53,8 @@ Bootstrap bootstrapStore() {
                              : (one_host ? "127.0.0.1" : defaultHostAddress());
       const std::string spec = transport::links::tcp::joinHostPort(host, 0);
       const std::string token = config.token.empty() ? makeJobToken() : config.token;
-      server =
-          std::make_shared<TcpStoreServer>(transport::links::tcp::resolve(spec, "store address"), token);
+      server = std::make_shared<TcpStoreServer>(
+          transport::links::tcp::resolve(spec, "store address"), token);
       return StoreRendezvous{server->address().toString(), token};
     });
     store_addr = rendezvous.store_addr;
@@ -77,7 +77,8 @@ Bootstrap bootstrapStore() {
   boot.store_addr = store_addr;
   boot.server_keepalive = server;
 
-  const std::string store_host = transport::links::tcp::splitHostPort(store_addr, "store address").first;
+  const std::string store_host =
+      transport::links::tcp::splitHostPort(store_addr, "store address").first;
   boot.advertise_host = advertiseAddress(config.socket_ifname, store_host);
 
   boot.store = std::make_shared<TcpStore>(store_addr, config.token, config.connect_timeout);

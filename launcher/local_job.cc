@@ -1,3 +1,5 @@
+// railshard-launch's job on one host (local_job.h): starting the ranks, forwarding their
+// output line by line, and the poll loop that hands their endings and signals to the Supervisor.
 #include "launcher/local_job.h"
 
 #include <arpa/inet.h>
@@ -11,15 +13,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "base/error.h"
 #include "launcher/job_token.h"
 #include "launcher/line_prefixer.h"
+#include "launcher/local_job_internal.h"
 #include "launcher/process_group.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
@@ -202,7 +203,8 @@ std::string advertisedAddress(int listen_fd) {
 
 Fd listenForStore(const std::string& host, uint16_t port) {
   const std::string host_port = transport::links::tcp::joinHostPort(host, port);
-  Fd listener = transport::links::tcp::listenOn(transport::links::tcp::resolve(host_port, "--store-host"));
+  Fd listener =
+      transport::links::tcp::listenOn(transport::links::tcp::resolve(host_port, "--store-host"));
   // Keep it off 0-2, which become each rank's stdio; inherited at this number by rank 0.
   if (listener.get() <= STDERR_FILENO) {
     Fd moved(::fcntl(listener.get(), F_DUPFD_CLOEXEC, STDERR_FILENO + 1));
@@ -212,38 +214,10 @@ Fd listenForStore(const std::string& host, uint16_t port) {
   return listener;
 }
 
-std::string seconds(std::chrono::milliseconds duration) {
-  std::ostringstream text;
-  text << std::chrono::duration<double>(duration).count() << " s";
-  return text.str();
-}
-
-std::string plural(size_t count, const std::string& noun) {
-  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
-}
-
 std::string thisHostName() {
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
   return name;
-}
-
-// A rank's line quoted in a notice: one screen line at most, cut at a character boundary.
-std::string quoteLine(const std::string& line) {
-  constexpr size_t kMaxQuoted = 300;
-  size_t cut = line.size();
-  if (cut > kMaxQuoted) {
-    cut = kMaxQuoted;
-    while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
-  }
-  // Built by append: GCC 12 warns (-Wrestrict, falsely) about "\"" + std::string here.
-  std::string quoted;
-  quoted.reserve(cut + 5);
-  quoted.push_back('"');
-  quoted.append(line, 0, cut);
-  if (cut < line.size()) quoted.append("...");
-  quoted.push_back('"');
-  return quoted;
 }
 
 // Several hosts, once this node's ranks have all ended: counts this node in, and on node 0
@@ -284,190 +258,7 @@ bool reportsLostPeer(const std::string& line) {
          line.find("lost a peer") != std::string::npos;
 }
 
-// The supervision state machine; see runLocalJob().
-class Supervisor {
- public:
-  Supervisor(const LocalJobOptions& options, ProcessGroup& ranks, std::string host_name)
-      : options_(options), ranks_(ranks), host_name_(std::move(host_name)) {}
-
-  // In elastic mode, where failures are marked: the launcher's own store.
-  void setStore(std::string addr, std::string token) {
-    store_addr_ = std::move(addr);
-    store_token_ = std::move(token);
-  }
-
-  // `last_error_line`: the last non-blank line the rank wrote to stderr.
-  void onRankEnded(size_t rank, const std::string& last_error_line) {
-    const ExitStatus& status = *ranks_.status(rank);
-    if (status.success()) {
-      ++successes_;
-      return;
-    }
-    // Ranks failing while being stopped are the echo of what stopped them, not news.
-    if (stopping_) return;
-    ++failures_;
-    if (failures_ == 1) first_failure_status_ = status.shellStatus();
-    const std::string how = describeEnding(status.code, status.signal);
-    notice(label(rank) + " on host " + host_name_ + " failed" + (failures_ == 1 ? " first" : "") +
-           ": " + how + "; " +
-           (last_error_line.empty() ? "it wrote nothing to stderr"
-                                    : "its last error line: " + quoteLine(last_error_line)));
-    // Only a first process's slot is its launch rank; a restarted one got its launch rank
-    // from the members (its loss reaches them through its connections anyway).
-    if (options_.elastic && rank < static_cast<size_t>(options_.world_size)) markLost(rank, how);
-
-    const size_t others = ranks_.runningCount();
-    const bool unbounded = options_.max_failures == std::numeric_limits<int>::max();
-    const std::string count =
-        "failure " + std::to_string(failures_) +
-        (unbounded ? "" : " of " + std::to_string(options_.max_failures)) +
-        (options_.min_ranks > 0 ? ", --min-ranks " + std::to_string(options_.min_ranks) : "");
-    const bool restart = restarts_ < options_.max_restarts && others > 0;
-    const size_t left = others + (restart ? 1 : 0);
-    const bool enough = left >= static_cast<size_t>(std::max(options_.min_ranks, 0));
-    if (options_.elastic && failures_ <= options_.max_failures && enough) {
-      if (restart) {
-        ++restarts_;
-        restart_.push_back(rank);
-        notice("restarting " + label(rank) + " to join the " + plural(others, "rank") +
-               " left (elastic, " + count + ", restart " + std::to_string(restarts_) + " of " +
-               std::to_string(options_.max_restarts) + ")");
-        return;
-      }
-      notice(others > 0 ? "continuing with " + plural(others, "rank") + " (elastic, " + count + ")"
-                        : "no rank left to continue with (elastic, " + count + ")");
-      return;
-    }
-    exit_status_ = first_failure_status_;
-    if (others > 0) {
-      std::string line = others == 1 ? "stopping the other rank"
-                                     : "stopping the other " + std::to_string(others) + " ranks";
-      if (options_.elastic && !enough) {
-        line += " (elastic: " + plural(left, "rank") + " left, fewer than --min-ranks " +
-                std::to_string(options_.min_ranks) + ")";
-      } else if (options_.elastic) {
-        line += " (elastic: failure " + std::to_string(failures_) +
-                " is more than --max-failures " + std::to_string(options_.max_failures) + ")";
-      }
-      notice(line);
-    }
-    stop(SIGTERM);
-  }
-
-  void onSignal(int sig) {
-    if (sig != SIGINT && sig != SIGTERM) return;
-    if (!stopping_) {
-      exit_status_ = 128 + sig;
-      notice(std::string("received ") + sigabbrev(sig) + "; forwarding it to " +
-             plural(ranks_.runningCount(), "rank"));
-      stop(sig);
-    } else if (!killed_) {
-      notice(std::string("received ") + sigabbrev(sig) + " again; killing " +
-             plural(ranks_.runningCount(), "rank"));
-      kill();
-    }
-  }
-
-  // Called once per loop turn: SIGKILL for those still running once the grace period is over.
-  void onTick() {
-    if (stopping_ && !killed_ && Clock::now() >= kill_at_ && ranks_.runningCount() > 0) {
-      notice(plural(ranks_.runningCount(), "rank") + " still running " + seconds(options_.grace) +
-             " after being asked to stop; killing " + (ranks_.runningCount() == 1 ? "it" : "them"));
-      kill();
-    }
-  }
-
-  // How long poll() may sleep: until the grace period ends, and never long, so that a lost
-  // wake-up can at worst delay reaping by a second.
-  int pollTimeoutMs() const {
-    constexpr int kMaxSleepMs = 1000;
-    if (!stopping_ || killed_) return kMaxSleepMs;
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - Clock::now());
-    return static_cast<int>(std::clamp<long long>(left.count(), 0, kMaxSleepMs));
-  }
-
-  // Processes to start again (by index), taken by the caller; and which slot each index is.
-  std::vector<size_t> takeRestarts() { return std::exchange(restart_, {}); }
-  void setSlot(size_t index, size_t slot) {
-    if (slots_.size() <= index) slots_.resize(index + 1);
-    slots_[index] = slot;
-  }
-
-  int exitStatus() const {
-    if (stopping_) return exit_status_;
-    // Elastic and within the allowance: fine, as long as some rank got to the end.
-    if (failures_ > 0 && successes_ == 0) return first_failure_status_;
-    return exit_status_;
-  }
-
- private:
-  static const char* sigabbrev(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
-
-  // "rank 2", or "rank 2 (restart)" for a process started again in slot 2.
-  std::string label(size_t index) const {
-    const size_t slot = index < slots_.size() ? slots_[index] : index;
-    // Several hosts: the job's rank, not this launcher's slot.
-    const size_t first = static_cast<size_t>(options_.node_rank * options_.world_size);
-    return "rank " + std::to_string(first + slot) + (slot == index ? "" : " (restarted)");
-  }
-
-  void notice(const std::string& line) {
-    if (options_.notice) options_.notice(line);
-  }
-
-  void stop(int sig) {
-    stopping_ = true;
-    kill_at_ = Clock::now() + options_.grace;
-    ranks_.signalRunning(sig);
-  }
-
-  void kill() {
-    killed_ = true;
-    ranks_.signalRunning(SIGKILL);
-  }
-
-  // The survivors' shrink() reads these to agree sooner on who is gone. A failure here costs
-  // them only that shortcut (they still find out by timeout), so it is a notice, not an end.
-  void markLost(size_t rank, const std::string& how) {
-    constexpr auto kTimeout = std::chrono::seconds(5);
-    const std::string key = kLostRankKeyPrefix + std::to_string(rank);
-    try {
-      // Connected on first use: most elastic jobs never lose a rank.
-      if (!store_) store_ = std::make_unique<TcpStore>(store_addr_, store_token_, kTimeout);
-      store_->set(key, Store::Bytes(how.begin(), how.end()), kTimeout);
-    } catch (const std::exception& error) {
-      notice("cannot mark rank " + std::to_string(rank) + " as lost in the store (" + key +
-             "): " + error.what());
-    }
-  }
-
-  const LocalJobOptions& options_;
-  ProcessGroup& ranks_;
-  const std::string host_name_;
-  std::string store_addr_;
-  std::string store_token_;
-  std::unique_ptr<TcpStore> store_;
-  bool stopping_ = false;
-  bool killed_ = false;
-  Clock::time_point kill_at_{};
-  int exit_status_ = 0;
-  int first_failure_status_ = 0;
-  int failures_ = 0;
-  int restarts_ = 0;
-  std::vector<size_t> restart_;
-  std::vector<size_t> slots_;  // process index -> rank slot
-  size_t successes_ = 0;
-};
-
 }  // namespace
-
-std::string describeEnding(int exit_code, int signal) {
-  if (signal == 0) return "exited with status " + std::to_string(exit_code);
-  // "SIGKILL" is what people type and grep for; strsignal's "Killed" is not.
-  const char* abbrev = ::sigabbrev_np(signal);
-  return abbrev != nullptr ? std::string("killed by SIG") + abbrev
-                           : "killed by signal " + std::to_string(signal);
-}
 
 int runLocalJob(const LocalJobOptions& options) {
   if (options.world_size < 1) {

@@ -84,7 +84,7 @@ Response TcpStore::exchangeLocked(const Request& request, Deadline deadline,
     Bytes response(kFrameHeaderBytes + length);
     std::copy(header, header + kFrameHeaderBytes, response.begin());
     transport::links::tcp::recvAll(fd_.get(), response.data() + kFrameHeaderBytes, length, deadline,
-                            where);
+                                   where);
     return parseResponse(request.command, response);
   } catch (const PeerLostError& e) {
     fd_.reset();

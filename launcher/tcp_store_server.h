@@ -52,7 +52,8 @@ class TcpStoreServer {
   const transport::links::tcp::SockAddr& address() const;
 
  private:
-  TcpStoreServer(transport::links::tcp::Fd listen_fd, std::string token, TcpStoreServerOptions options);
+  TcpStoreServer(transport::links::tcp::Fd listen_fd, std::string token,
+                 TcpStoreServerOptions options);
 
   class Impl;
   std::unique_ptr<Impl> impl_;

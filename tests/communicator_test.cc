@@ -14,8 +14,8 @@
 #include "core/communicator.h"
 #include "tests/collective_check.h"
 #include "tests/reference.h"
-#include "tests/test_util.h"
 #include "tests/tcp_mesh_util.h"
+#include "tests/test_util.h"
 
 namespace railshard {
 namespace {
@@ -75,7 +75,7 @@ TEST_P(AllreduceWorld, EveryDtypeOpAndCountMatchesScalarReference) {
         config.algorithm = algorithm;
         config.transport =
             algorithm.rfind("shm", 0) == 0 ? TransportKind::kShm : TransportKind::kTcp;
-        config.shm_slot_bytes = 256 * 1024;  // several pieces at the largest count
+        config.shm.slot_bytes = 256 * 1024;  // several pieces at the largest count
       });
   test::rethrowFirst(errors);
 }
@@ -97,7 +97,7 @@ class CollectivesWorld : public ::testing::TestWithParam<std::tuple<int, std::st
     const std::string name = std::get<1>(GetParam());
     return [name](int, Config& config) {
       config.transport = transportKindFrom(name);
-      config.shm_slot_bytes = 128 * 1024;
+      config.shm.slot_bytes = 128 * 1024;
     };
   }
 };
@@ -324,7 +324,8 @@ TEST_P(TransportTest, PeerThatClosesMidCollectiveIsNamed) {
 // Two ranks of a bare TCP mesh in this process (threads), through `store`.
 void connectTcpPair(MemoryStore& store, std::unique_ptr<test::Mesh> (&t)[2]) {
   test::rethrowFirst(test::runRanks(2, [&](int rank) {
-    t[rank] = transport::links::tcp::connectMesh(store, test::tcpMeshOptions(rank, 2, "tcp-pair-test"));
+    t[rank] =
+        transport::links::tcp::connectMesh(store, test::tcpMeshOptions(rank, 2, "tcp-pair-test"));
   }));
 }
 

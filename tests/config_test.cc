@@ -29,12 +29,12 @@ TEST(Config, RendezvousThresholdIsAutoASizeOrOff) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_IB_RENDEZVOUS", value}};
     const Config config = Config::fromEnvironment(&env);
-    return std::make_pair(config.ib_rendezvous, config.ib_rendezvous_auto);
+    return std::make_pair(config.rdma.rendezvous_bytes, config.rdma.rendezvous_auto);
   };
   const std::map<std::string, std::string> empty;
   const Config defaults = Config::fromEnvironment(&empty);
-  EXPECT_TRUE(defaults.ib_rendezvous_auto);
-  EXPECT_EQ(defaults.ib_rendezvous, 512u << 10);
+  EXPECT_TRUE(defaults.rdma.rendezvous_auto);
+  EXPECT_EQ(defaults.rdma.rendezvous_bytes, 512u << 10);
   EXPECT_EQ(parse("auto"), std::make_pair(size_t{512} << 10, true));
   EXPECT_EQ(parse("1M"), std::make_pair(size_t{1} << 20, false));
   EXPECT_EQ(parse("0"), std::make_pair(size_t{0}, false));
@@ -45,10 +45,10 @@ TEST(Config, RendezvousThresholdIsAutoASizeOrOff) {
 TEST(Config, RendezvousVerbIsAutoReadOrWrite) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_IB_RENDEZVOUS_VERB", value}};
-    return Config::fromEnvironment(&env).ib_rendezvous_verb;
+    return Config::fromEnvironment(&env).rdma.rendezvous_verb;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_EQ(Config::fromEnvironment(&empty).ib_rendezvous_verb, RendezvousVerb::kAuto);
+  EXPECT_EQ(Config::fromEnvironment(&empty).rdma.rendezvous_verb, RendezvousVerb::kAuto);
   EXPECT_EQ(parse("auto"), RendezvousVerb::kAuto);
   EXPECT_EQ(parse("read"), RendezvousVerb::kRead);
   EXPECT_EQ(parse("write"), RendezvousVerb::kWrite);
@@ -65,10 +65,10 @@ TEST(Config, RendezvousVerbIsAutoReadOrWrite) {
 TEST(Config, LaneConnectIsAutoEagerOrLazy) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_IB_CONNECT", value}};
-    return Config::fromEnvironment(&env).ib_connect;
+    return Config::fromEnvironment(&env).rdma.connect;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_EQ(Config::fromEnvironment(&empty).ib_connect, LaneConnect::kAuto);
+  EXPECT_EQ(Config::fromEnvironment(&empty).rdma.connect, LaneConnect::kAuto);
   EXPECT_EQ(parse("auto"), LaneConnect::kAuto);
   EXPECT_EQ(parse("eager"), LaneConnect::kEager);
   EXPECT_EQ(parse("lazy"), LaneConnect::kLazy);
@@ -85,10 +85,10 @@ TEST(Config, LaneConnectIsAutoEagerOrLazy) {
 TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_SHM_SINGLE_COPY", value}};
-    return Config::fromEnvironment(&env).shm_single_copy_bytes;
+    return Config::fromEnvironment(&env).shm.single_copy_bytes;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_EQ(Config::fromEnvironment(&empty).shm_single_copy_bytes, size_t{1} << 20);
+  EXPECT_EQ(Config::fromEnvironment(&empty).shm.single_copy_bytes, size_t{1} << 20);
   EXPECT_EQ(parse("0"), 0u);
   EXPECT_EQ(parse("256K"), size_t{256} << 10);
   EXPECT_EQ(parse("4096"), 4096u);
@@ -105,10 +105,10 @@ TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
 TEST(Config, ShmCrossReadIsOffUnlessAskedFor) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_SHM_CROSS_READ", value}};
-    return Config::fromEnvironment(&env).shm_cross_read;
+    return Config::fromEnvironment(&env).shm.cross_read;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_FALSE(Config::fromEnvironment(&empty).shm_cross_read);
+  EXPECT_FALSE(Config::fromEnvironment(&empty).shm.cross_read);
   EXPECT_TRUE(parse("1"));
   EXPECT_FALSE(parse("0"));
   try {
@@ -123,10 +123,10 @@ TEST(Config, ShmCrossReadIsOffUnlessAskedFor) {
 TEST(Config, WaitIsAutoSpinOrSleep) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_WAIT", value}};
-    return Config::fromEnvironment(&env).wait;
+    return Config::fromEnvironment(&env).wait.mode;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_EQ(Config::fromEnvironment(&empty).wait, WaitMode::kAuto);
+  EXPECT_EQ(Config::fromEnvironment(&empty).wait.mode, WaitMode::kAuto);
   EXPECT_EQ(parse("spin"), WaitMode::kSpin);
   EXPECT_EQ(parse("sleep"), WaitMode::kSleep);
   try {
@@ -172,9 +172,9 @@ TEST(Config, TransportAndRailWeightsAreTypedAndTheirNamesRoundTrip) {
                                                   {"RAILSHARD_RAIL_WEIGHTS", "equal"}};
   const Config config = Config::fromEnvironment(&env);
   EXPECT_EQ(config.transport, TransportKind::kIbverbs);
-  EXPECT_EQ(config.rail_weights, RailWeights::kEqual);
+  EXPECT_EQ(config.links.weights, RailWeights::kEqual);
   EXPECT_EQ(Config().transport, TransportKind::kAuto);
-  EXPECT_EQ(Config().rail_weights, RailWeights::kAdaptive);
+  EXPECT_EQ(Config().links.weights, RailWeights::kAdaptive);
   for (auto kind :
        {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm, TransportKind::kIbverbs}) {
     EXPECT_EQ(transportKindFrom(std::string(name(kind))), kind) << name(kind);

@@ -62,7 +62,7 @@ TEST_F(OverEmulation, LazyLanesConnectOnlyThePairsARingAllreduceUses) {
     const bool lazy = connect == LaneConnect::kLazy;
     SCOPED_TRACE(lazy ? "lazy" : "eager");
     Config config = rdmaConfig();
-    config.ib_connect = connect;
+    config.rdma.connect = connect;
     config.algorithm = "ring";
     std::atomic<int> looked{0};
     std::atomic<int> finished{0};
@@ -112,8 +112,8 @@ TEST_F(OverEmulation, LazyLanesConnectOnlyThePairsARingAllreduceUses) {
 
 TEST_F(OverEmulation, AOneWaySendConnectsThroughTheStoreNotice) {
   Config config = rdmaConfig();
-  config.ib_connect = LaneConnect::kLazy;
-  config.ib_readmit = std::chrono::milliseconds(50);  // how often a notice is looked for
+  config.rdma.connect = LaneConnect::kLazy;
+  config.rdma.readmit = std::chrono::milliseconds(50);  // how often a notice is looked for
   std::atomic<bool> sent{false};
   std::vector<int64_t> received(25000, -1);
   std::vector<LaneView> views(2);
@@ -152,10 +152,10 @@ TEST_F(OverEmulation, AFirstMessageThatIsARendezvousIsExact) {
     SCOPED_TRACE(verb == RendezvousVerb::kRead ? "read" : "write");
     for (int round = 0; round < 3; ++round) {
       Config config = rdmaConfig();
-      config.ib_connect = LaneConnect::kLazy;
+      config.rdma.connect = LaneConnect::kLazy;
       config.chunk_bytes = 4 << 20;
-      config.ib_rendezvous = 64 << 10;
-      config.ib_rendezvous_verb = verb;
+      config.rdma.rendezvous_bytes = 64 << 10;
+      config.rdma.rendezvous_verb = verb;
       std::vector<uint64_t> in_place(3);
       test::rethrowFirst(withRanks(3, config, [&](Communicator& comm) {
         checkAllreducesAndBroadcast(comm, {1 << 20}, 2);
@@ -175,10 +175,18 @@ TEST_F(OverEmulation, AutoConnectsEagerlyUpToEightPeersAndLazilyBeyond) {
     Config config = rdmaConfig();  // RAILSHARD_IB_CONNECT=auto
     config.algorithm = "ring";
     std::vector<LaneView> at_start(static_cast<size_t>(size)), after(static_cast<size_t>(size));
+    std::atomic<int> looked{0};
     std::atomic<int> finished{0};
     test::rethrowFirst(withRanks(size, config, [&](Communicator& comm) {
       const auto rank = static_cast<size_t>(comm.rank());
       at_start[rank] = viewOf(comm);
+      // Traffic starts once every rank has looked (a faster rank's first send would connect
+      // its neighbours' lanes before they looked).
+      ++looked;
+      const auto start_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (looked.load() < size && std::chrono::steady_clock::now() < start_by) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       checkAllreducesAndBroadcast(comm, {1000}, 1);
       after[rank] = viewOf(comm);
       // Every rank stays until all have looked (no collective: a barrier's pairs would connect

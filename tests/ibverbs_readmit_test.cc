@@ -38,11 +38,11 @@ TEST_F(OverEmulation, AFailedLaneIsMadeAgainAndCarriesTrafficAgain) {
   for (RendezvousVerb verb : {RendezvousVerb::kRead, RendezvousVerb::kWrite}) {
     SCOPED_TRACE(verb == RendezvousVerb::kRead ? "read" : "write");
     Config config = rdmaConfig();
-    config.rail_weights = RailWeights::kStatic;  // every message striped over both rails
+    config.links.weights = RailWeights::kStatic;  // every message striped over both rails
     config.chunk_bytes = 1 << 20;
-    config.ib_rendezvous = 64 << 10;  // staged and rendezvous traffic both
-    config.ib_rendezvous_verb = verb;
-    config.ib_readmit = std::chrono::milliseconds(100);
+    config.rdma.rendezvous_bytes = 64 << 10;  // staged and rendezvous traffic both
+    config.rdma.rendezvous_verb = verb;
+    config.rdma.readmit = std::chrono::milliseconds(100);
     std::vector<RailView> after_break(2), readmitted(2), at_end(2);
     std::vector<int> iterations_down(2);
     test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {
@@ -86,7 +86,7 @@ TEST_F(OverEmulation, AFailedLaneIsMadeAgainAndCarriesTrafficAgain) {
 
 TEST_F(OverEmulation, WithoutReadmissionAFailedLaneStaysOut) {
   Config config = rdmaConfig();  // RAILSHARD_IB_READMIT_MS=0
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;
   std::vector<int> down(2);
   test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {

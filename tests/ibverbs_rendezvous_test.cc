@@ -110,9 +110,9 @@ Moved sendEveryWay(const Config& config, const std::vector<size_t>& sizes) {
 TEST_F(OverEmulation, RendezvousAndStagedPathsDeliverEveryByteAndTheBytesSayWhichRan) {
   ASSERT_NE(hooks_.plain_write_bytes, nullptr);
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;  // one-sided pieces striped over both HCAs
-  config.ib_rendezvous = kThreshold;
-  config.ib_rendezvous_verb = RendezvousVerb::kRead;
+  config.links.weights = RailWeights::kStatic;  // one-sided pieces striped over both HCAs
+  config.rdma.rendezvous_bytes = kThreshold;
+  config.rdma.rendezvous_verb = RendezvousVerb::kRead;
   // In int32 elements: just below, at and above the threshold, several read pieces, odd sizes.
   const std::vector<size_t> sizes = {kThreshold / 4 - 1, kThreshold / 4, kThreshold / 4 + 1,
                                      (3 << 20) / 4 + 7};
@@ -130,7 +130,7 @@ TEST_F(OverEmulation, RendezvousAndStagedPathsDeliverEveryByteAndTheBytesSayWhic
   EXPECT_LT(read.by_sender, small + (64 << 10));
   EXPECT_EQ(plainWritten(hooks_), plain) << "the read rendezvous wrote without an immediate";
 
-  config.ib_rendezvous_verb = RendezvousVerb::kWrite;
+  config.rdma.rendezvous_verb = RendezvousVerb::kWrite;
   plain = plainWritten(hooks_);
   const Moved written = sendEveryWay(config, sizes);
   // The sender wrote every byte, the large messages' with plain writes: the one-way ones and
@@ -140,7 +140,7 @@ TEST_F(OverEmulation, RendezvousAndStagedPathsDeliverEveryByteAndTheBytesSayWhic
   EXPECT_LT(written.by_sender, large + small + (64 << 10));
   EXPECT_LT(written.by_receiver, 64u << 10);
 
-  config.ib_rendezvous = 0;
+  config.rdma.rendezvous_bytes = 0;
   plain = plainWritten(hooks_);
   const Moved staged = sendEveryWay(config, sizes);
   EXPECT_GE(staged.by_sender, large + small);
@@ -155,10 +155,10 @@ TEST_F(OverEmulation, RendezvousSurvivesARailFailingAndStaysExact) {
   for (RendezvousVerb verb : {RendezvousVerb::kRead, RendezvousVerb::kWrite}) {
     SCOPED_TRACE(verbName(verb));
     Config config = rdmaConfig();
-    config.rail_weights = RailWeights::kStatic;
+    config.links.weights = RailWeights::kStatic;
     config.chunk_bytes = 4 << 20;
-    config.ib_rendezvous = kThreshold;
-    config.ib_rendezvous_verb = verb;
+    config.rdma.rendezvous_bytes = kThreshold;
+    config.rdma.rendezvous_verb = verb;
     const uint64_t plain = plainWritten(hooks_);
     std::vector<uint64_t> moved(2);
     test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {
@@ -194,9 +194,9 @@ TEST_F(OverEmulation, AQueuePairFailingDuringARendezvousIsPeerLostOnEveryRank) {
                  (connect == LaneConnect::kLazy ? ", lazy lanes" : ""));
     Config config = rdmaConfig();
     config.chunk_bytes = 4 << 20;
-    config.ib_rendezvous = kThreshold;
-    config.ib_rendezvous_verb = verb;
-    config.ib_connect = connect;
+    config.rdma.rendezvous_bytes = kThreshold;
+    config.rdma.rendezvous_verb = verb;
+    config.rdma.connect = connect;
     const auto errors = withRanks(3, config, [&](Communicator& comm) {
       std::vector<float> data(1 << 20, 1.0f);
       for (int i = 0; i < 200; ++i) {

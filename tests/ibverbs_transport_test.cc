@@ -105,7 +105,7 @@ TEST_F(OverEmulation, CollectivesMatchAScalarReferenceAndStripeOverBothHcas) {
   // Static weights: both emulated HCAs say 100 Gbit/s, so a striped message is split evenly
   // (adaptive weights would follow the emulation's memcpy timings).
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;  // pieces above the scheduler's 64 KiB small-message limit
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
     ASSERT_EQ(comm.transport().name(), "ibverbs");
@@ -142,9 +142,9 @@ TEST_F(OverEmulation, RandomSizesOverTheSmallestRingsStayExact) {
   // Two slots of 4 KiB: every piece waits for a credit, the rings wrap thousands of times.
   constexpr int kSize = 4;
   Config config = rdmaConfig();
-  config.ib_slots = 2;
-  config.ib_slot_bytes = 4096;
-  config.rail_weights = RailWeights::kEqual;
+  config.rdma.slots = 2;
+  config.rdma.slot_bytes = 4096;
+  config.links.weights = RailWeights::kEqual;
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
     std::mt19937 sizes(1234);  // the same sequence on every rank
     for (int iteration = 0; iteration < 60; ++iteration) {
@@ -178,7 +178,7 @@ TEST_F(OverEmulation, TraceRecordsEveryRdmaPieceOnItsLaneTrack) {
   const std::string dir = test::tempPath("ibverbs_trace");
   std::filesystem::remove_all(dir);
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;
   config.trace_dir = dir;
   std::vector<uint64_t> sent(kSize);
@@ -220,7 +220,7 @@ TEST_F(OverEmulation, TraceRecordsEveryRdmaPieceOnItsLaneTrack) {
 TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
   constexpr int kSize = 2;
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;  // striped over both rails
   std::vector<std::string> down(kSize);
   test::rethrowFirst(withRanks(kSize, config, [&](Communicator& comm) {
@@ -252,7 +252,7 @@ TEST_F(OverEmulation, AFailedRailMovesItsTrafficToTheOtherAndResultsStayExact) {
 TEST_F(OverEmulation, ALaneFailingAtOneEndIsToldToTheOtherEnd) {
   constexpr int kSize = 2;
   Config config = rdmaConfig();
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;
   config.timeout = std::chrono::seconds(20);
   std::vector<std::string> down(kSize);

@@ -62,8 +62,9 @@ class Pair {
       group.now = now;
       MessengerOptions options;
       options.peer = 1 - rank;
-      options.heartbeat_timeout = heartbeat;
-      options.rail_timeout = std::chrono::seconds(2);
+      options.links.heartbeat_timeout =
+          std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat);
+      options.links.rail_timeout = std::chrono::seconds(2);
       options.initiator = rank == 1;
       auto messenger = std::make_unique<Messenger>(group, options);
       for (size_t i = 0; i < links.size(); ++i) {

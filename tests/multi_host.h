@@ -72,7 +72,7 @@ inline std::vector<std::exception_ptr> onPlacement(
     options.config.timeout = std::chrono::seconds(60);
     options.config.connect_timeout = std::chrono::seconds(30);
     options.config.chunk_bytes = 16 * 1024;     // several ring slices at moderate counts
-    options.config.shm_slot_bytes = 64 * 1024;  // several shared-memory pieces too
+    options.config.shm.slot_bytes = 64 * 1024;  // several shared-memory pieces too
     options.topology = graph;
     if (tweak) tweak(rank, options.config);
     auto comm = Communicator::create(store, options);

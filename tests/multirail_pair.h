@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "base/memory_store.h"
-#include "tests/test_util.h"
 #include "tests/tcp_mesh_util.h"
+#include "tests/test_util.h"
 
 namespace railshard::test {
 
@@ -60,7 +60,7 @@ inline void connectPairThrough(MemoryStore& store, Pair& pair, int rails,
                                int sockets = 1, const std::vector<double>& gbps = {}) {
   railshard::test::rethrowFirst(railshard::test::runRanks(2, [&](int rank) {
     auto options = tcpMeshOptions(rank, 2, kToken);
-    options.rail_weights = weights;
+    options.links.weights = weights;
     options.connect.sockets_per_rail = sockets;
     options.rejoin_interval = std::chrono::milliseconds(200);
     options.connect.peer_rails.resize(2);

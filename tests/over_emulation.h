@@ -84,10 +84,10 @@ inline Config rdmaConfig() {
   config.timeout = std::chrono::seconds(60);
   config.connect_timeout = std::chrono::seconds(30);
   config.chunk_bytes = 64 * 1024;
-  config.ib_slots = 4;  // small rings: credits run out and wrap many times per collective
-  config.ib_slot_bytes = 8192;
+  config.rdma.slots = 4;  // small rings: credits run out and wrap many times per collective
+  config.rdma.slot_bytes = 8192;
   // A failed lane stays out, as the failover tests expect; the re-admission tests turn it on.
-  config.ib_readmit = std::chrono::milliseconds(0);
+  config.rdma.readmit = std::chrono::milliseconds(0);
   return config;
 }
 

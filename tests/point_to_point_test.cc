@@ -32,8 +32,8 @@ std::vector<std::exception_ptr> withRanks(
     options.config.timeout = timeout;
     options.config.connect_timeout = std::chrono::seconds(30);
     options.config.transport = transport;
-    options.config.shm_slot_bytes = shm_slot_bytes;
-    options.config.p2p_shm = p2p_shm;
+    options.config.shm.slot_bytes = shm_slot_bytes;
+    options.config.shm.p2p = p2p_shm;
     auto comm = Communicator::create(store, options);
     body(*comm);
   });

@@ -82,15 +82,15 @@ class OverRxe : public ::testing::Test {
     config.timeout = std::chrono::seconds(120);
     config.connect_timeout = std::chrono::seconds(60);
     // A failed lane stays out, as the failover tests expect; the re-admission test turns it on.
-    config.ib_readmit = std::chrono::milliseconds(0);
+    config.rdma.readmit = std::chrono::milliseconds(0);
     return config;
   }
 
   // For the tests that cut a link: a short retry budget so the dead rail is found in about a
   // second, not 8.6 s.
   static Config cutLinkConfig(Config config = rxeConfig()) {
-    config.ib_timeout = 16;  // 4.096 us * 2^16 = 268 ms
-    config.ib_retry_cnt = 3;
+    config.rdma.ack_timeout = 16;  // 4.096 us * 2^16 = 268 ms
+    config.rdma.retry_cnt = 3;
     return config;
   }
 
@@ -103,7 +103,7 @@ class OverRxe : public ::testing::Test {
       options.rank = rank;
       options.size = size;
       options.config = config;
-      options.config.ib_hca = join(hosts_[rank], rails);
+      options.config.rdma.hca = join(hosts_[rank], rails);
       auto comm = Communicator::create(store, options);
       body(*comm);
     });
@@ -222,7 +222,7 @@ TEST_F(OverRxe, ThreeHostsConnectLanesOnFirstUse) {
   if (hosts_.size() < 3) GTEST_SKIP() << "RAILSHARD_TEST_RXE lists two hosts";
   const size_t lanes = std::min<size_t>(rails(), 2);
   Config config = rxeConfig();
-  config.ib_connect = LaneConnect::kLazy;
+  config.rdma.connect = LaneConnect::kLazy;
   test::rethrowFirst(withRanks(3, lanes, config, [&](Communicator& comm) {
     for (const auto& rail : comm.transport().rails()) {
       EXPECT_FALSE(rail.up) << rail.name << " up before any traffic";
@@ -236,7 +236,7 @@ TEST_F(OverRxe, ThreeHostsConnectLanesOnFirstUse) {
 
 TEST_F(OverRxe, RdmaAndTcpStripedTogetherStayExact) {
   Config config = rxeConfig();
-  config.stripe_tcp = true;
+  config.links.stripe_tcp = true;
   test::rethrowFirst(withRanks(2, 1, config, [&](Communicator& comm) {
     test::checkEveryAllreduce(comm, {1, 70000, 600000}, kAnyAlgorithm);
     if (HasFatalFailure()) return;
@@ -312,9 +312,9 @@ class RendezvousOverRxe : public OverRxe, public ::testing::WithParamInterface<P
   // A threshold below the collectives' messages, and the verb asked for.
   Config pathConfig() const {
     Config config = rxeConfig();
-    config.ib_rendezvous_auto = false;
-    config.ib_rendezvous = GetParam() == Path::kStaged ? 0 : 256 << 10;
-    config.ib_rendezvous_verb =
+    config.rdma.rendezvous_auto = false;
+    config.rdma.rendezvous_bytes = GetParam() == Path::kStaged ? 0 : 256 << 10;
+    config.rdma.rendezvous_verb =
         GetParam() == Path::kRead ? RendezvousVerb::kRead : RendezvousVerb::kWrite;
     return config;
   }
@@ -403,7 +403,7 @@ TEST_F(OverRxe, ARailTakenDownAndUpIsReadmitted) {
   if (links_.empty()) GTEST_SKIP() << "RAILSHARD_TEST_RXE_LINKS (rxe_hosts.sh) is not set";
   if (rails() < 2) GTEST_SKIP() << "RAILSHARD_TEST_RXE gives each host one rail";
   Config config = cutLinkConfig();
-  config.ib_readmit = std::chrono::milliseconds(200);
+  config.rdma.readmit = std::chrono::milliseconds(200);
   std::vector<int> seen_down(2), down_at_end(2);
   std::vector<uint64_t> bytes_back(2);
   test::rethrowFirst(withRanks(2, 2, config, [&](Communicator& comm) {

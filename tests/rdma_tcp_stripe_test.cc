@@ -23,11 +23,11 @@ namespace {
 
 Config stripedConfig() {
   Config config = rdmaConfig();
-  config.stripe_tcp = true;
+  config.links.stripe_tcp = true;
   // Static weights: the HCAs say 100 Gbit/s, TCP says nothing (loopback, no rails), so it
   // starts at their mean: a striped message is split in thirds (adaptive weights would follow
   // the emulation's memcpy timings).
-  config.rail_weights = RailWeights::kStatic;
+  config.links.weights = RailWeights::kStatic;
   config.chunk_bytes = 1 << 20;  // pieces above the scheduler's 64 KiB small-message limit
   return config;
 }
@@ -75,7 +75,7 @@ TEST_F(StripedOverTcpToo, AdaptiveWeightsReEstimateTheTcpRailAndResultsStayExact
   // their completions: whatever they measure here, every rail keeps a share and every
   // result is exact.
   Config config = stripedConfig();
-  config.rail_weights = RailWeights::kAdaptive;
+  config.links.weights = RailWeights::kAdaptive;
   std::vector<double> tcp_gbps(2, 0);
   test::rethrowFirst(withRanks(2, config, [&](Communicator& comm) {
     const int rank = comm.rank();

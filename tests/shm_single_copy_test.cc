@@ -6,8 +6,9 @@
 // above the threshold where every rank has a core; none below it, when off, or with more
 // ranks than cores, where the ranks decline it after its first hand-off).
 //
-// Buffers from Communicator::allocateSharedBuffer (transport/links/shm/shared_buffers.h): the region
-// registry's lookups and errors, a mapping that shows the owner's writes, and the mapped path
+// Buffers from Communicator::allocateSharedBuffer (transport/links/shm/shared_buffers.h): the
+// region registry's lookups and errors, a mapping that shows the owner's writes, and the mapped
+// path
 // ("shm_single_copy_mapped" phases) exact for every dtype x op.
 //
 // Between processes (tests/programs/collective_check started by hand): the peers' buffers
@@ -35,8 +36,8 @@
 #include "tests/collective_check.h"
 #include "tests/reference.h"
 #include "tests/test_util.h"
-#include "transport/messaging/machine_load.h"
 #include "transport/links/shm/shared_buffers.h"
+#include "transport/messaging/machine_load.h"
 
 namespace railshard {
 namespace {
@@ -92,9 +93,9 @@ TEST_P(SingleCopyThreads, EveryDtypeOpInAndOutOfPlaceMatchesTheScalarReference) 
     options.config.timeout = std::chrono::seconds(60);
     options.config.transport = TransportKind::kShm;
     options.config.algorithm = "shm_rsag";
-    options.config.shm_slot_bytes = 64 * 1024;
-    options.config.shm_single_copy_bytes = threshold;
-    options.config.shm_cross_read = true;  // ordinary buffers: read across where it may
+    options.config.shm.slot_bytes = 64 * 1024;
+    options.config.shm.single_copy_bytes = threshold;
+    options.config.shm.cross_read = true;  // ordinary buffers: read across where it may
     options.config.trace_dir = dir_;
     options.config.trace_events = 1 << 20;
     auto comm = Communicator::create(store, options);
@@ -196,7 +197,7 @@ TEST(SingleCopy, SharedBuffersAreReadMappedExactlyForEveryDtypeAndOp) {
     options.config.timeout = std::chrono::seconds(60);
     options.config.transport = TransportKind::kShm;
     options.config.algorithm = "shm_rsag";
-    options.config.shm_single_copy_bytes = 4096;
+    options.config.shm.single_copy_bytes = 4096;
     options.config.trace_dir = dir;
     options.config.trace_events = 1 << 20;
     auto comm = Communicator::create(store, options);
@@ -243,7 +244,7 @@ TEST(SingleCopy, PartlyOverlappingBuffersAreRefusedOnEveryRank) {
     options.rank = rank;
     options.size = 2;
     options.config.transport = TransportKind::kShm;
-    options.config.shm_single_copy_bytes = 4096;
+    options.config.shm.single_copy_bytes = 4096;
     auto comm = Communicator::create(store, options);
     std::vector<float> data(4096, 1.0f);
     try {

@@ -118,7 +118,7 @@ TEST(MachineLoad, AQuotaUnderOneCoreMakesInitsWaitsSleepAtOnce) {
     launcher::cgroup::fitWaitsToQuota(config, false);
     const int quarters = static_cast<int>(
         launcher::cgroup::cpuQuotaCores(launcher::cgroup::locate("cpu")) * 100 + 0.5);
-    return config.spin.count() == 0 ? quarters : 100 + quarters;
+    return config.wait.spin.count() == 0 ? quarters : 100 + quarters;
   });
   std::filesystem::remove(group, error);
   // The group hangs off the hierarchy's root, so no other quota binds inside it.
@@ -135,7 +135,7 @@ TEST(WaitModes, EveryModeAllreducesExactly) {
       options.rank = rank;
       options.size = 3;
       options.config.transport = TransportKind::kShm;
-      options.config.wait = mode;
+      options.config.wait.mode = mode;
       auto comm = Communicator::create(store, options);
       for (int i = 0; i < 200; ++i) {
         std::vector<int64_t> data(1 + i % 17, rank + i);

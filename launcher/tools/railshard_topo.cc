@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
   if (args.rdma) {
     try {
       const railshard::Config config = railshard::Config::fromEnvironment();
-      std::cout << railshard::transport::links::ibverbs::describeRdma(config.ib_hca, config.ib_gid_index);
+      std::cout << railshard::transport::links::ibverbs::describeRdma(config.rdma.hca,
+                                                                      config.rdma.gid_index);
       return 0;
     } catch (const railshard::Error& e) {
       std::cerr << "railshard-topo: " << e.what() << "\n";

@@ -51,7 +51,10 @@ Mesh::~Mesh() {
       }
       return true;
     };
+    // Polled links (shared-memory channels) move only when polled: the peer frees their
+    // entries, this rank must look.
     while (Clock::now() < until && !drained()) {
+      if (!polled_.empty()) pollAll();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -134,6 +137,18 @@ void Mesh::pollAll() {
   for (Messenger* messenger : polled_) messenger->poll();
 }
 
+bool Mesh::waitUntil(const std::function<bool()>& ready, Deadline deadline) {
+  const bool polled = !polled_.empty();
+  const bool done = waiter_.wait(
+      [&] {
+        if (polled) pollAll();
+        return ready() || failure_.failed();
+      },
+      wake_.word(), wake_.sleepers(), deadline, [] {});
+  failure_.check();
+  return done;
+}
+
 void Mesh::wait(const RequestPtr& request, Deadline deadline) {
   if (request->done()) return;
   Messenger& messenger = at(request->peer(), "wait");
@@ -173,6 +188,15 @@ std::vector<RailStatus> Mesh::rails() const {
   for (const auto& messenger : messengers_) {
     if (!messenger) continue;
     for (auto& status : messenger->rails()) result.push_back(std::move(status));
+  }
+  return result;
+}
+
+std::vector<RailStatus> Mesh::links() const {
+  std::vector<RailStatus> result;
+  for (const auto& messenger : messengers_) {
+    if (!messenger) continue;
+    for (auto& status : messenger->rails(true)) result.push_back(std::move(status));
   }
   return result;
 }

@@ -54,9 +54,14 @@ class Mesh final : public Transport {
   RequestPtr isend(int peer, const void* data, size_t bytes, const MessageTag& tag) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, const MessageTag& tag) override;
   void wait(const RequestPtr& request, Deadline deadline) override;
+  // Waits, as every wait does, until `ready()` (cheap: called often) or `deadline` (false);
+  // raises the group's failure. For set-up waits on the messengers (links connecting).
+  bool waitUntil(const std::function<bool()>& ready, Deadline deadline);
   void abort(std::exception_ptr error, bool tell_peers) override;
   void checkHealthy() const override { failure_.check(); }
   std::vector<RailStatus> rails() const override;
+  // rails() and every same-host channel: the bytes each data link carried (metrics).
+  std::vector<RailStatus> links() const;
   std::vector<LostPeer> lostPeers() const override { return failure_.lostPeers(); }
   int awaitArrival(const std::vector<int>& peers,
                    const std::function<bool(const MessageTag&)>& accept,

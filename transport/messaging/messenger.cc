@@ -50,7 +50,7 @@ int Messenger::addLink(std::unique_ptr<links::Link> link, bool data, bool up) {
   for (const auto& l : links_) {
     if (!l->data()) continue;
     names.push_back(l->attributes().name);
-    gbps.push_back(options_.weights == RailWeights::kEqual ? 1.0 : l->attributes().gbps);
+    gbps.push_back(options_.links.weights == RailWeights::kEqual ? 1.0 : l->attributes().gbps);
   }
   if (names.empty()) return links_.back()->index;
   scheduler_ = std::make_unique<rails::RailScheduler>(names, gbps);
@@ -255,7 +255,7 @@ void Messenger::sayGoodbye() {
   // On every link, behind its data: the peer learns from the first one to arrive how many
   // messages were sent, and each link can then be closed without a reset.
   for (auto& l : links_) {
-    if (!l->up()) continue;
+    if (!l->up() || l->closed) continue;
     auto bye = std::make_shared<OutFrame>();
     bye->header.kind = static_cast<uint8_t>(FrameKind::kBye);
     bye->header.message = book_.sent();
@@ -267,20 +267,22 @@ void Messenger::sayGoodbye() {
 bool Messenger::drained() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed()) return true;
-  if (!moves_.empty()) return false;
+  // A rendezvous in progress either way needs this rank's memory or links until it ends: an
+  // offer the peer has yet to read (or be granted for), a move of its own.
+  if (!moves_.empty() || !offered_.empty()) return false;
   for (const auto& l : links_) {
-    if (l->up() && (!l->queue.empty() || !l->posted.empty())) return false;
+    if (l->up() && !l->closed && (!l->queue.empty() || !l->posted.empty())) return false;
   }
   return true;
 }
 
-std::vector<RailStatus> Messenger::rails() const {
+std::vector<RailStatus> Messenger::rails(bool channels) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<RailStatus> result;
   for (const auto& l : links_) {
-    // Network rails only: a same-host channel is memory, not a rail (what the rails carry is
-    // what crossed a network).
-    if (!l->data() || l->attributes().kind == links::LinkKind::kShm) continue;
+    // A same-host channel is memory, not a network rail (what the rails carry is what crossed
+    // a network); metrics list it too, as the link the pair's bytes took.
+    if (!l->data() || (!channels && l->attributes().kind == links::LinkKind::kShm)) continue;
     const links::LinkAttributes& a = l->attributes();
     RailStatus status;
     status.peer = options_.peer;
@@ -320,8 +322,9 @@ void Messenger::groupFailed(ErrorKind kind, const std::string& message, int lost
   deferred_.clear();
   book_.clear();
   dropRegistrationsLocked();
-  if (!tell_peers || lost_) return;
-  // On every link up (the first to arrive wins).
+  if (!tell_peers) return;
+  // On every link up (the first to arrive wins); to a peer this rank calls lost too: one whose
+  // data links all failed may still hear it on its control connection, and learns why.
   FrameHeader abort;
   abort.kind = static_cast<uint8_t>(FrameKind::kAbort);
   abort.error_kind = static_cast<uint8_t>(kind);

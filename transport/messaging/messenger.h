@@ -48,12 +48,9 @@ struct Group {
 struct MessengerOptions {
   int peer = -1;
   std::string peer_address;  // in errors: "rank 3 (10.0.0.2:4100)"
-  RailWeights weights = RailWeights::kAdaptive;
-  // A data link busy without progress this long, while another delivered, is taken out.
-  Duration rail_timeout = std::chrono::seconds(2);
-  Duration rejoin_interval = std::chrono::seconds(1);  // between attempts to re-make a link
-  // A peer heard nothing from for this long is lost; pinged every fifth of it. Zero: none.
-  Duration heartbeat_timeout = std::chrono::seconds(10);
+  // Weights, the stalled-link timeout, the heartbeat (a peer heard nothing from for
+  // heartbeat_timeout is lost; pinged every fifth of it; zero: none).
+  LinkConfig links;
   // Host messages of this many bytes or more move in place (a rendezvous) when every data link
   // up is one-sided; 0 = never. `write_rendezvous`: the receiver grants, the sender writes.
   size_t rendezvous_bytes = 0;
@@ -125,7 +122,8 @@ class Messenger {
   // rank's is left to go out (or nothing can go out any more).
   void sayGoodbye();
   bool drained() const;
-  std::vector<RailStatus> rails() const;
+  // Its data links' state: the network rails, and with `channels` a same-host channel too.
+  std::vector<RailStatus> rails(bool channels = false) const;
   // Payload bytes sent over each link so far.
   uint64_t bytesSent(int link) const;
   bool lost() const;

@@ -46,7 +46,8 @@ struct Messenger::LinkState {
   uint64_t ack_sent = 0;
   uint64_t ack_bytes = 0;  // payload landed since the last acknowledgement
   bool ack_wanted = false;
-  bool bye = false;  // the peer said goodbye on it
+  bool bye = false;     // the peer said goodbye on it
+  bool closed = false;  // ... and closed it: its status stays, nothing more goes on it
   // Failover: the rank that takes it out reports, once nothing more can arrive on it, how many
   // of the peer's frames it took; each re-sends the rest of its own after the other's report.
   bool quiesced = false;
@@ -57,6 +58,7 @@ struct Messenger::LinkState {
   // Re-admission and connection by records.
   Connect connect = Connect::kIdle;
   Clock::time_point last_attempt{};
+  bool attempt_warned = false;  // a failed attempt to re-make it was logged (once per outage)
   // Rate: busy while it has frames queued, posted or kept; samples from the first delivery of
   // a busy period on (the receiver's clock for acknowledged links).
   bool busy = false;

@@ -81,9 +81,21 @@ void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_cl
   }
   if (!link.up()) return;
   // After its goodbye on this link the peer sent nothing more on it: closed, not failed (its
-  // status stays as it was; nothing more goes to a peer that said goodbye).
-  if (link.bye && !book_.awaitsFrom(bye_messages_)) {
+  // status stays as it was; nothing more goes to a peer that said goodbye) — unless a move in
+  // place still needed it (the peer closed before its offer was read: that is a failure).
+  if (link.bye && !book_.awaitsFrom(bye_messages_) && moves_.empty()) {
     RS_LOG_DEBUG("rank {}: {} closed", group_.rank, linkName(link));
+    link.closed = true;
+    // Nobody reads it any more: this rank's own goodbye goes; a message still queued for the
+    // peer will never be received (it closed its communicator first).
+    for (const auto& frame : link.queue) {
+      if (!frame->op) continue;
+      failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) + ": cannot send " +
+                                           describe(frame->op->tag()) + " to " + peerName() +
+                                           ": it closed its communicator");
+      break;
+    }
+    link.queue.clear();
     link.link->shutdown();
     return;
   }
@@ -117,8 +129,8 @@ void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_cl
     return;
   }
   if (link.data() && !dataLinkUpLocked()) {
-    const std::string message = "rank " + std::to_string(group_.rank) + ": lost every link to " +
-                                peerName() + " (" + linksSummaryLocked() + ")";
+    const std::string message = "rank " + std::to_string(group_.rank) + ": lost " + peerName() +
+                                ": every link to it is down (" + linksSummaryLocked() + ")";
     if (busyLocked()) {
       peerLostLocked(why, message);
     } else {
@@ -296,6 +308,7 @@ void Messenger::newGenerationLocked(LinkState& link, uint32_t generation) {
   link.ack_bytes = 0;
   link.ack_wanted = false;
   link.bye = false;
+  link.closed = false;
   link.report_sent = false;
   link.report_received = false;
   link.report_consumed = 0;
@@ -310,10 +323,12 @@ void Messenger::upLocked(LinkState& link, uint32_t generation) {
   link.state = State::kUp;
   link.connect = Connect::kIdle;
   link.ever_up = true;
+  link.attempt_warned = false;
   link.quiesced = false;
   link.down_reason.clear();
   link.last_progress = link.last_heard = now();
   if (link.data()) scheduler_->markUp(link.rail);
+  group_.wake->bump();  // a set-up wait may be waiting for it (Mesh::waitUntil)
   if (first) {
     RS_LOG_DEBUG("rank {}: {} to rank {} connected (generation {})", group_.rank,
                  link.attributes().name, options_.peer, generation);
@@ -372,9 +387,15 @@ void Messenger::startConnectLocked(LinkState& link) {
       failLocked(ErrorKind::kConfig,
                  "rank " + std::to_string(group_.rank) + ": " + link.attributes().name +
                      " to rank " + std::to_string(options_.peer) + ": cannot connect: " + e.what());
+    } else if (!link.attempt_warned) {
+      // Once per outage: it is tried again every re-admission interval while it lasts.
+      link.attempt_warned = true;
+      RS_LOG_WARN("rank {}: {} to rank {}: cannot make it again: {} (tried again every {:.1f} s)",
+                  group_.rank, link.attributes().name, options_.peer, e.what(),
+                  std::chrono::duration<double>(link.attributes().rejoin_interval).count());
     } else {
-      RS_LOG_WARN("rank {}: {} to rank {}: cannot make it again: {}", group_.rank,
-                  link.attributes().name, options_.peer, e.what());
+      RS_LOG_DEBUG("rank {}: {} to rank {}: cannot make it again yet: {}", group_.rank,
+                   link.attributes().name, options_.peer, e.what());
     }
     return;
   }
@@ -447,7 +468,7 @@ void Messenger::onConnectAckLocked(LinkState& link, const FrameHeader& header,
 }
 
 void Messenger::heartbeatLocked(Clock::time_point t) {
-  const Duration timeout = options_.heartbeat_timeout;
+  const Duration timeout = options_.links.heartbeat_timeout;
   // If this process itself did not run for a good part of the timeout (it was stopped, or
   // starved of CPU), the silence is ours, not the peer's: start counting again.
   const bool we_slept = last_tick_ != Clock::time_point{} && t - last_tick_ > timeout / 2;
@@ -479,7 +500,7 @@ void Messenger::checkStallsLocked(Clock::time_point t) {
   for (auto& link : links_) {
     if (!link->up() || !link->busy || !link->data()) continue;
     const Duration quiet = t - link->last_progress;
-    if (quiet > options_.rail_timeout / 2 && link->pinged < link->last_progress) {
+    if (quiet > options_.links.rail_timeout / 2 && link->pinged < link->last_progress) {
       // Suspicious: ask every other link for an acknowledgement, so that a working one proves
       // the peer is alive (a link that merely idles would otherwise prove nothing).
       link->pinged = t;
@@ -490,7 +511,7 @@ void Messenger::checkStallsLocked(Clock::time_point t) {
         sendControlLocked(ping, {}, other.get());
       }
     }
-    if (quiet <= options_.rail_timeout) continue;
+    if (quiet <= options_.links.rail_timeout) continue;
     for (auto& other : links_) {
       if (other.get() != link.get() && other->up() && other->last_heard > link->last_progress) {
         stalled.emplace_back(link->index, "no progress for " + seconds(quiet) + " while " +

@@ -357,7 +357,7 @@ void Messenger::oneSidedDoneLocked(int index, uint64_t cookie) {
   const Clock::time_point t = now();
   const Clock::time_point start = std::max(piece.posted, link.last_one_sided);
   link.last_one_sided = t;
-  if (data_links_ > 1 && options_.weights == RailWeights::kAdaptive && t > start) {
+  if (data_links_ > 1 && options_.links.weights == RailWeights::kAdaptive && t > start) {
     scheduler_->record(link.rail, piece.length, std::chrono::duration<double>(t - start).count());
   }
   const bool all_done =

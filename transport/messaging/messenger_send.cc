@@ -101,7 +101,7 @@ void Messenger::pumpLocked(LinkState& link) {
     // burst as one link still draining while another idles: a link that runs dry takes work
     // from the back of the slowest queue.
     if (!link.up() || !link.queue.empty() || !link.data() || data_links_ < 2 ||
-        options_.weights != RailWeights::kAdaptive || failed() || !stealForLocked(link)) {
+        options_.links.weights != RailWeights::kAdaptive || failed() || !stealForLocked(link)) {
       return;
     }
   }
@@ -224,7 +224,7 @@ void Messenger::maybeIdleLocked(LinkState& link) {
 
 void Messenger::sampleLocked(LinkState& link, uint64_t bytes, uint64_t when_ns) {
   if (bytes == 0 || !link.busy || !link.data() || data_links_ < 2 ||
-      options_.weights != RailWeights::kAdaptive) {
+      options_.links.weights != RailWeights::kAdaptive) {
     return;
   }
   // Bytes delivered between deliveries while the link had data to deliver: its rate when

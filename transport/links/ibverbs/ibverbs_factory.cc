@@ -84,7 +84,7 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
                                    messaging::FailureState& failure) {
   if (options.size == 1) return nullptr;
   const Duration timeout = options.connect_timeout;
-  const HcaScan found = scan(options.hca, options.gid_index);
+  const HcaScan found = scan(options.rdma.hca, options.rdma.gid_index);
   const bool usable = !found.ports.empty();
   for (const auto& skipped : found.skipped) {
     RS_LOG_DEBUG("rank {}: ibverbs: skipped {}", options.rank, skipped);
@@ -93,11 +93,7 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
   if (usable) {
     RdmaDriver::Options driver_options;
     driver_options.rank = options.rank;
-    driver_options.timing.timeout = static_cast<uint8_t>(options.ib_timeout);
-    driver_options.timing.retry_cnt = static_cast<uint8_t>(options.ib_retry_cnt);
-    driver_options.slots = options.slots;
-    driver_options.slot_bytes = options.slot_bytes;
-    driver_options.readmit_interval = options.readmit_interval;
+    driver_options.rdma = options.rdma;
     driver_options.failure = &failure;
     driver = std::make_unique<RdmaDriver>(*VerbsApi::get(), driver_options, found.ports);
   }
@@ -144,17 +140,17 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
   // Eager start-up gives every lane to every RDMA peer its queue pair and two registered rings
   // (2 x slots x slot_bytes, 8 MiB by default): at 64 hosts x 8 ranks x 8 rails that is ~32 GiB
   // pinned per rank, while a ring or two-level all-reduce talks to two or three peers.
-  plan->lazy = options.connect == LaneConnect::kLazy ||
-               (options.connect == LaneConnect::kAuto && peers > kEagerPeers);
+  plan->lazy = options.rdma.connect == LaneConnect::kLazy ||
+               (options.rdma.connect == LaneConnect::kAuto && peers > kEagerPeers);
   // Measured in the Soft-RoCE guest (docs/rdma.md): rxe's RDMA READ is its slow verb, so a
   // rendezvous there writes; on an HCA a read saves the grant's trip. Large messages are staged
   // on software devices unless asked (the rendezvous measured slower there).
-  const RendezvousVerb verb = options.rendezvous_verb;
+  const RendezvousVerb verb = options.rdma.rendezvous_verb;
   plan->write_rendezvous =
       verb == RendezvousVerb::kWrite || (verb == RendezvousVerb::kAuto && driver->software());
   plan->rendezvous_bytes =
-      options.rendezvous_auto && driver->software() ? 0 : options.rendezvous_bytes;
-  if (options.rendezvous_auto && driver->software()) {
+      options.rdma.rendezvous_auto && driver->software() ? 0 : options.rdma.rendezvous_bytes;
+  if (options.rdma.rendezvous_auto && driver->software()) {
     RS_LOG_DEBUG(
         "rank {}: ibverbs: a rail is a software device: large messages staged "
         "(RAILSHARD_IB_RENDEZVOUS=<size> moves them in place anyway)",

@@ -26,25 +26,10 @@ struct FactoryOptions {
   std::string key_prefix;
   Duration connect_timeout = std::chrono::seconds(60);
   Mode mode = Mode::kAuto;
-  std::string hca;                // RAILSHARD_IB_HCA: "mlx5_0,mlx5_1:1"; empty = every device
-  int gid_index = -1;             // RAILSHARD_IB_GID_INDEX; -1 = choose (gid_table.h)
-  int ib_timeout = 18;            // RAILSHARD_IB_TIMEOUT (4.096 us * 2^n per retry)
-  int ib_retry_cnt = 7;           // RAILSHARD_IB_RETRY_CNT
-  int slots = 16;                 // RAILSHARD_IB_SLOTS: receive ring slots per lane
-  size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
-  // RAILSHARD_IB_RENDEZVOUS: host messages of this many bytes or more move in place
-  // (zero-copy); 0 = every message through the staging slots.
-  size_t rendezvous_bytes = 512 << 10;
-  // "auto": not on software devices (Soft-RoCE, soft iWARP), where it measured slower.
-  bool rendezvous_auto = true;
-  // RAILSHARD_IB_RENDEZVOUS_VERB: read (the receiver reads), write (the sender writes into the
-  // buffer the receiver grants); auto: write when a rail is a software device, else read.
-  RendezvousVerb rendezvous_verb = RendezvousVerb::kAuto;
-  // How often a failed RDMA lane is made again; zero: a failed lane stays out.
-  Duration readmit_interval = std::chrono::seconds(1);
-  // RAILSHARD_IB_CONNECT: lanes connected at start-up, or when a pair first talks; auto: on
-  // first use beyond kEagerPeers RDMA peers.
-  LaneConnect connect = LaneConnect::kAuto;
+  // The devices, slots, rendezvous and re-admission. rendezvous_auto: not on software devices
+  // (Soft-RoCE, soft iWARP), where it measured slower; rendezvous_verb auto: write when a rail
+  // is a software device, else read; connect auto: on first use beyond kEagerPeers RDMA peers.
+  RdmaConfig rdma;
 };
 
 // Which peers this rank reaches over RDMA: the lanes to each (one per rail the pair shares,

@@ -113,12 +113,12 @@ std::vector<std::unique_ptr<RdmaLane>> RdmaDriver::makeLanes(int peer,
     a.local = a.name;
     a.gbps = rail.port.gbps;
     a.latency_us = rail.software ? 50 : 3;
-    a.max_payload = options_.slot_bytes - sizeof(messaging::FrameHeader);
+    a.max_payload = options_.rdma.slot_bytes - sizeof(messaging::FrameHeader);
     a.delivery = Delivery::kCompletion;
     a.one_sided = true;
     a.reads = options_.want_reads && rail.rd_atomic > 0;
     a.device_memory = cuda_ != nullptr;
-    a.rejoin_interval = options_.readmit_interval;
+    a.rejoin_interval = options_.rdma.readmit;
     a.trace_name = "rdma_write";
     auto lane = std::make_unique<RdmaLane>(*this, static_cast<uint32_t>(lanes_.size()), peer,
                                            static_cast<int>(r), std::move(a));
@@ -139,7 +139,7 @@ void RdmaDriver::start() {
   // Every lane of a rail shares its completion queue, sized for all of them.
   for (auto& rail : rails_) {
     if (rail->cq != nullptr) continue;
-    const int entries = 16 + rail->lanes * 2 * (options_.slots + 8 + 16);
+    const int entries = 16 + rail->lanes * 2 * (options_.rdma.slots + 8 + 16);
     rail->cq = api_.create_cq(rail->context, entries, rail.get(), rail->channel, 0);
     if (rail->cq == nullptr) {
       throw Error("ibverbs: ibv_create_cq(" + std::to_string(entries) + ") on " +

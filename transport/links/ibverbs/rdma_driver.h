@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
 #include "transport/cuda_driver.h"
 #include "transport/links/driver.h"
 #include "transport/links/ibverbs/hca_discovery.h"
@@ -44,12 +45,15 @@ class RdmaDriver final : public Driver {
  public:
   struct Options {
     int rank = 0;
-    QpTiming timing;
-    int slots = 16;                 // receive ring slots per lane (RAILSHARD_IB_SLOTS)
-    size_t slot_bytes = 256 << 10;  // RAILSHARD_IB_SLOT_BYTES
-    bool want_reads = true;         // this rank's rendezvous reads (else the sender writes)
-    Duration readmit_interval = std::chrono::seconds(1);  // zero: a failed lane stays out
+    RdmaConfig rdma;         // slots, slot sizes, ACK timeout and retries, re-admission
+    bool want_reads = true;  // this rank's rendezvous reads (else the sender writes)
     messaging::FailureState* failure = nullptr;
+    QpTiming timing() const {
+      QpTiming t;
+      t.timeout = static_cast<uint8_t>(rdma.ack_timeout);
+      t.retry_cnt = static_cast<uint8_t>(rdma.retry_cnt);
+      return t;
+    }
   };
   // Opens `ports` (the rails, in discovery order).
   RdmaDriver(const VerbsApi& api, Options options, const std::vector<HcaPort>& ports);

@@ -313,7 +313,7 @@ void RdmaLane::completionLocked(const ibv_wc& wc) {
     if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       char seconds[32];
       std::snprintf(seconds, sizeof(seconds), "%.1f",
-                    retryExhaustedSeconds(driver_.options().timing));
+                    retryExhaustedSeconds(driver_.options().timing()));
       hint = " (no acknowledgement within the retry budget, about " + std::string(seconds) +
              " s from RAILSHARD_IB_TIMEOUT and RAILSHARD_IB_RETRY_CNT: the peer died or the "
              "link is down)";

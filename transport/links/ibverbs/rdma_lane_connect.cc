@@ -80,14 +80,14 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
   controls_.clear();
   std::fill(in_flight_.begin(), in_flight_.end(), nullptr);
   if (recv_ring_.data == nullptr) {
-    const auto slots = static_cast<uint32_t>(options.slots);
+    const auto slots = static_cast<uint32_t>(options.rdma.slots);
     recv_ring_ =
-        allocateRegistered(api, rail.pd, slots * options.slot_bytes,
+        allocateRegistered(api, rail.pd, slots * options.rdma.slot_bytes,
                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a receive ring");
     local_.ring_addr = reinterpret_cast<uint64_t>(recv_ring_.data);
     local_.ring_rkey = recv_ring_.mr->rkey;
     local_.slots = slots;
-    local_.slot_bytes = static_cast<uint32_t>(options.slot_bytes);
+    local_.slot_bytes = static_cast<uint32_t>(options.rdma.slot_bytes);
   }
   recv_.emplace(local_.slots);
   local_.rank = static_cast<uint32_t>(options.rank);
@@ -108,9 +108,9 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
   // Frames are bounded by the peer's ring, credit writes by two in flight (each returns at least
   // half the ring), one-sided moves by their depths; receives by our ring plus the peer's credit
   // writes.
-  send_depth_ = options.slots + 8 + kMaxReadDepth + kMaxWriteDepth;
+  send_depth_ = options.rdma.slots + 8 + kMaxReadDepth + kMaxWriteDepth;
   init.cap.max_send_wr = static_cast<uint32_t>(send_depth_);
-  init.cap.max_recv_wr = static_cast<uint32_t>(options.slots + 8);
+  init.cap.max_recv_wr = static_cast<uint32_t>(options.rdma.slots + 8);
   init.cap.max_send_sge = 2;  // header from the staging slot + payload from GPU memory
   init.cap.max_recv_sge = 1;
   qp_ = api.create_qp(rail.pd, &init);
@@ -122,7 +122,7 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
   }
   // Receives posted before anyone can learn the queue pair's number: a write with immediate
   // that finds none posted is an RNR error.
-  for (int i = 0; i < options.slots + 8; ++i) {
+  for (int i = 0; i < options.rdma.slots + 8; ++i) {
     ibv_recv_wr wr{};
     wr.wr_id = makeWorkId(id(), WorkKind::kRecv, 0);
     ibv_recv_wr* bad = nullptr;
@@ -151,7 +151,7 @@ void RdmaLane::connectTo(const std::string& record) {
   }
   remote_ = remote;
   prepareSendSide();
-  const QpTiming& timing = driver_.options().timing;
+  const QpTiming timing = driver_.options().timing();
   const VerbsApi& api = driver_.api();
   QpTransition rtr = rtrTransition(local_, remote_, timing);
   if (const int rc = api.modify_qp(qp_, &rtr.attr, rtr.mask); rc != 0) {

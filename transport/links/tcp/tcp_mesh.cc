@@ -37,11 +37,13 @@ void addLinks(TcpDriver& driver, messaging::Messenger& messenger, int peer,
   }
 }
 
-Duration tickPeriod(Duration rail_timeout, Duration heartbeat_timeout) {
+Duration tickPeriod(const LinkConfig& links) {
   Duration period = std::chrono::milliseconds(100);
-  if (rail_timeout > Duration::zero()) period = std::min<Duration>(period, rail_timeout / 8);
-  if (heartbeat_timeout > Duration::zero()) {
-    period = std::min<Duration>(period, heartbeat_timeout / 10);
+  if (links.rail_timeout > Duration::zero()) {
+    period = std::min<Duration>(period, links.rail_timeout / 8);
+  }
+  if (links.heartbeat_timeout > Duration::zero()) {
+    period = std::min<Duration>(period, links.heartbeat_timeout / 10);
   }
   return std::max<Duration>(period, std::chrono::milliseconds(5));
 }
@@ -64,9 +66,7 @@ std::unique_ptr<messaging::Mesh> connectMesh(Store& store, const MeshOptions& op
     messaging::MessengerOptions messenger_options;
     messenger_options.peer = peer;
     messenger_options.peer_address = connections.address[static_cast<size_t>(peer)];
-    messenger_options.weights = options.rail_weights;
-    messenger_options.rail_timeout = options.rail_timeout;
-    messenger_options.heartbeat_timeout = options.heartbeat_timeout;
+    messenger_options.links = options.links;
     messenger_options.initiator = connect.rank > peer;  // it opened the connections
     auto messenger = std::make_unique<messaging::Messenger>(mesh->group(), messenger_options);
     addLinks(*driver, *messenger, peer, theirs, true, options.rejoin_interval);
@@ -74,7 +74,7 @@ std::unique_ptr<messaging::Mesh> connectMesh(Store& store, const MeshOptions& op
   }
   driver->start();
   mesh->addDriver(std::move(driver));
-  mesh->start(tickPeriod(options.rail_timeout, options.heartbeat_timeout));
+  mesh->start(tickPeriod(options.links));
   return mesh;
 }
 

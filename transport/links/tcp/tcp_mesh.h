@@ -21,14 +21,12 @@ void addLinks(TcpDriver& driver, messaging::Messenger& messenger, int peer,
 
 // The group's timer: often enough for a stalled link (a few per rail timeout) and for the
 // heartbeat (ten per timeout), at most every 5 ms.
-Duration tickPeriod(Duration rail_timeout, Duration heartbeat_timeout);
+Duration tickPeriod(const LinkConfig& links);
 
 struct MeshOptions {
   ConnectOptions connect;
   TagFormatter formatter;
-  RailWeights rail_weights = RailWeights::kAdaptive;
-  Duration rail_timeout = std::chrono::seconds(2);
-  Duration heartbeat_timeout = std::chrono::seconds(10);
+  LinkConfig links;
   Duration rejoin_interval = std::chrono::seconds(1);
   messaging::WaitPlan wait;
 };
