@@ -18,6 +18,9 @@
 #   - ratios HxR / Hx1 (2x2/2x1, 2x4/2x1, 3x2/3x1) are taken within each repetition, then
 #     medianed: a slow repetition slows both sides of its ratio, so the ratio is steadier than
 #     the ratio of medians. Targets: 2x2/2x1 <= 1.10, 2x4/2x1 <= 1.15, 3x2/3x1 <= 1.15;
+#   - --old OLD_BUILD: the same layouts from another build too ("railshard-old"), each run
+#     beside the new build's in the same repetition; new/old time per layout, per-rep ratios
+#     medianed (< 1: the new build is faster), and HxR/Hx1 for both builds;
 #   - --peers: OpenMPI (shared memory inside a host, TCP over both rails between hosts,
 #     its default even split) and Gloo (TCP over rail0, the fast rail: it uses one interface)
 #     in the 2x2 layout, interleaved with railshard's runs; speed-up = the peer's median time
@@ -36,6 +39,7 @@
 #     --size BYTES      message size, allreduce_perf syntax: 4M, 64M, 1G (default 64M)
 #     --layouts "L..."  HxR layouts in the order they run (default "2x1 2x2 2x4 3x1 3x2")
 #     --peers           also OpenMPI and Gloo in 2x2 (added to the layouts if missing)
+#     --old OLD_BUILD   also every layout from OLD_BUILD's allreduce_perf (old against new)
 #     --csv FILE        one row per (rep, layout, backend) run (default BUILD_DIR/layout_bench.csv)
 #     --logs DIR        every run's output and JSON (default BUILD_DIR/layout_bench.logs)
 #     --timeout S       bound of one run in seconds (default 120)
@@ -59,6 +63,7 @@ reps=5
 size=64M
 layouts_arg="2x1 2x2 2x4 3x1 3x2"
 peers=0
+old=""
 csv=""
 logs=""
 job_timeout=120
@@ -71,6 +76,7 @@ while [ $# -gt 0 ]; do
     --size) size=$2; shift 2 ;;
     --layouts) layouts_arg=$2; shift 2 ;;
     --peers) peers=1; shift ;;
+    --old) old=$2; shift 2 ;;
     --csv) csv=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
     --timeout) job_timeout=$2; shift 2 ;;
@@ -108,6 +114,11 @@ done
 build=$(cd "$build" && pwd)
 perf="$build/benchmarks/allreduce_perf"
 [ -x "$perf" ] || die "$perf not built (cmake --build $build)"
+old_perf=""
+if [ -n "$old" ]; then
+  old_perf="$(cd "$old" 2>/dev/null && pwd)/benchmarks/allreduce_perf"
+  [ -x "$old_perf" ] || die "--old: no benchmarks/allreduce_perf in '$old'"
+fi
 mpi_ok=1
 if [ "$peers" -eq 1 ] && ! command -v mpirun >/dev/null; then
   echo "layout_bench: --peers: mpirun not found, OpenMPI is left out (Gloo still runs)" >&2
@@ -248,9 +259,11 @@ run_one() {
   local bed=${bed_of[$hosts]}
   local args=(-b "$size" -e "$size" -w 1 -n 3 -J "$json" "$@")
   case "$backend" in
-    railshard)
+    railshard | railshard-old)
+      local binary=$perf
+      if [ "$backend" = railshard-old ]; then binary=$old_perf; fi
       TESTBED_RANKS=$ranks TESTBED_TIMEOUT=$job_timeout \
-        timeout -k 10 $((job_timeout + 15)) "$testbed" job "$bed" "$perf" "${args[@]}" ;;
+        timeout -k 10 $((job_timeout + 15)) "$testbed" job "$bed" "$binary" "${args[@]}" ;;
     gloo)
       # Gloo uses one interface; rail0 is the fast one (it would pick it anyway: the store is
       # on rail0).
@@ -279,6 +292,7 @@ EOF
 runs=()
 for layout in "${layouts[@]}"; do
   runs+=("$layout:railshard")
+  if [ -n "$old_perf" ]; then runs+=("$layout:railshard-old"); fi
   if [ "$peers" -eq 1 ] && [ "$layout" = 2x2 ]; then
     if [ "$mpi_ok" -eq 1 ]; then runs+=("2x2:mpi"); fi
     runs+=("2x2:gloo")
@@ -389,10 +403,10 @@ def paired(a, b):  # per-rep a/b, over the reps where both ran
 targets = {"2x2": 1.10, "2x4": 1.15, "3x2": 1.15}
 lines = []
 for layout, backend in order:
-    if backend != "railshard":
+    if not backend.startswith("railshard"):
         continue
     hosts, ranks = layout.split("x")
-    base = (f"{hosts}x1", "railshard")
+    base = (f"{hosts}x1", backend)
     if ranks == "1" or base not in order:
         continue
     q = paired((layout, backend), base)
@@ -402,11 +416,22 @@ for layout, backend in order:
     target = targets.get(layout)
     verdict = "" if target is None else (
         f"  target <= {target:.2f}: {'met' if statistics.median(q) <= target else 'NOT met'}")
-    lines.append(f"  {layout}/{base[0]}: {statistics.median(q):.3f} "
+    lines.append(f"  {backend:<13} {layout}/{base[0]}: {statistics.median(q):.3f} "
                  f"(min {min(q):.3f}, max {max(q):.3f}, {len(q)} reps){verdict}")
 if lines:
     print("\n# railshard, extra ranks per host: per-rep time ratio HxR / Hx1, median over reps")
     print("\n".join(lines))
+old_lines = []
+for layout, backend in order:
+    if backend != "railshard-old":
+        continue
+    q = paired((layout, "railshard"), (layout, "railshard-old"))
+    if q:
+        old_lines.append(f"  {layout}: {statistics.median(q):.3f} (min {min(q):.3f}, "
+                         f"max {max(q):.3f}, {len(q)} reps)")
+if old_lines:
+    print("\n# new against old: per-rep time ratio new / old, median over reps (< 1: faster)")
+    print("\n".join(old_lines))
 
 if peers:
     print("\n# 2x2 peers: speed-up = peer's median time / railshard's "

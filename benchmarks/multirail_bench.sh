@@ -22,6 +22,8 @@
 #     --modes LIST    part b's modes, comma-separated (default: railshard-adaptive,
 #                     railshard-equal,railshard-rail0,gloo-rail0,mpi-rail0,mpi-both)
 #     --name NAME     test-bed name, 1-8 of [a-z0-9] (default: mrb<random>)
+#     --old DIR       another build: mode railshard-old (adaptive, that build's allreduce_perf)
+#                     is run beside the others in every repetition (old against new)
 #
 # Outputs (OUT/): run.log (everything printed), failures.txt, iperf3.csv + iperf3/*.json,
 # allreduce/<mode>.rep<k>.txt (raw allreduce_perf output), allreduce_busbw.csv,
@@ -42,6 +44,7 @@ rates="2gbit,500mbit"
 reps=3
 parts=abcd
 modes_arg=""
+old=""
 name="mrb$((RANDOM % 100000))"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
@@ -54,6 +57,7 @@ while [ $# -gt 0 ]; do
     --parts) parts=$2; shift 2 ;;
     --modes) modes_arg=$2; shift 2 ;;
     --name) name=$2; shift 2 ;;
+    --old) old=$2; shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "multirail_bench: unknown argument '$1'" >&2; usage ;;
   esac
@@ -72,6 +76,12 @@ if [ -n "$modes_arg" ]; then
     [[ " ${all_modes[*]} " == *" $mode "* ]] ||
       { echo "multirail_bench: unknown mode '$mode' (${all_modes[*]})" >&2; exit 2; }
   done
+fi
+old_perf=""
+if [ -n "$old" ]; then
+  old_perf="$(cd "$old" 2>/dev/null && pwd)/benchmarks/allreduce_perf"
+  [ -x "$old_perf" ] || { echo "multirail_bench: --old: no allreduce_perf in '$old'" >&2; exit 2; }
+  modes+=(railshard-old)
 fi
 
 build=$(cd "$build" && pwd)
@@ -245,6 +255,7 @@ run_mode() {  # run_mode MODE FILE ARGS...: one allreduce_perf run of MODE, appe
   local how  # for the record at the top of the output
   case "$mode" in
     railshard-adaptive) how="RAILSHARD_RAIL_WEIGHTS=adaptive testbed.sh job" ;;
+    railshard-old) how="RAILSHARD_RAIL_WEIGHTS=adaptive testbed.sh job, $old_perf" ;;
     railshard-equal) how="RAILSHARD_RAIL_WEIGHTS=equal testbed.sh job" ;;
     railshard-rail0) how="RAILSHARD_SOCKET_IFNAME=rail0 testbed.sh job" ;;
     gloo-rail0) how="RAILSHARD_SOCKET_IFNAME=rail0 testbed.sh job (--backend gloo)" ;;
@@ -254,6 +265,10 @@ run_mode() {  # run_mode MODE FILE ARGS...: one allreduce_perf run of MODE, appe
   echo "# multirail_bench $mode: $how: allreduce_perf $*" >>"$file"
   case "$mode" in
     railshard-adaptive) RAILSHARD_RAIL_WEIGHTS=adaptive "${job[@]}" "$@" ;;
+    railshard-old)
+      RAILSHARD_RAIL_WEIGHTS=adaptive env TESTBED_TIMEOUT=120 "$testbed" job "$name" "$old_perf" \
+        "$@"
+      ;;
     railshard-equal) RAILSHARD_RAIL_WEIGHTS=equal "${job[@]}" "$@" ;;
     railshard-rail0) RAILSHARD_SOCKET_IFNAME=rail0 "${job[@]}" "$@" ;;
     gloo-rail0) RAILSHARD_SOCKET_IFNAME=rail0 "${job[@]}" --backend gloo "$@" ;;
