@@ -162,8 +162,7 @@ Duration Communicator::timeoutFor(const char* collective, Timeout timeout) const
 }
 
 void Communicator::run(const transport::MessageTag& tag, Duration timeout, size_t bytes,
-                       const char* algorithm,
-                       const std::function<void(const collectives::Context&)>& fn,
+                       const char* algorithm, FunctionRef<void(const collectives::Context&)> fn,
                        bool over_transport) {
   diagnostics_->entered(tag);
   collectives::ShmEngine* engine = channels_->engine();

@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "base/config.h"
+#include "base/function_ref.h"
 #include "base/store.h"
 #include "base/types.h"
 #include "core/collectives/link_probe.h"
@@ -256,7 +257,7 @@ class Communicator {
   // collective runs over the messengers even when the host's segment could carry it (device
   // buffers), so the messengers check its header on entry.
   void run(const transport::MessageTag& tag, Duration timeout, size_t bytes, const char* algorithm,
-           const std::function<void(const collectives::Context&)>& fn, bool over_transport = false);
+           FunctionRef<void(const collectives::Context&)> fn, bool over_transport = false);
   // What a device collective needs of this communicator.
   DevicePath::Call deviceCall();
   PointToPoint& pointToPoint();
