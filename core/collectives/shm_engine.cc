@@ -160,6 +160,7 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
       },
       flag, header.sleepers, timeout_,
       [&] {
+        if (header.aborted.load() != 0) throwAborted();
         checkPeerAlive(peer, what);
         // The group failed elsewhere (a lost peer on another host): its hook aborted the
         // segment, but a wait that slept through it looks here too.

@@ -30,7 +30,9 @@ class Waiter {
   // Returns true once `ready()` is; false at `deadline`. `ready` may throw to end the wait (an
   // abort it sees); it is called often, so it must be cheap. Once the plan's polling is spent,
   // sleeps on `word` while it still holds the value it had before `ready()` last said no, and
-  // runs `check()` (which may throw: a peer lost) when the sleep begins and every kCheckPeriod.
+  // runs `check()` (which may throw: a peer lost) when the sleep begins, after every wake that
+  // did not find `ready()`, and at least every kCheckPeriod: a wake may be the news itself (an
+  // abort bumps the word), and `ready()` is kept cheap enough to skip such news while polling.
   template <typename Ready, typename Check>
   bool wait(Ready&& ready, FutexWord& word, std::atomic<uint32_t>& sleepers, Deadline deadline,
             Check&& check) const {
@@ -75,15 +77,11 @@ class Waiter {
         }
       }
     }
-    Clock::time_point next_check = Clock::now();
     while (true) {
       const uint32_t seen = word.load();
       if (ready()) return true;
+      check();
       const Clock::time_point now = Clock::now();
-      if (now >= next_check) {
-        check();
-        next_check = now + kCheckPeriod;
-      }
       if (now >= deadline) return false;
       word.sleepWhile(seen, std::min<Duration>(kCheckPeriod, deadline - now), sleepers);
     }
