@@ -29,7 +29,7 @@ namespace {
 
 using namespace railshard;
 using namespace railshard::launcher;
-namespace tcp = railshard::transport::tcp;
+namespace tcp = railshard::transport::links::tcp;
 
 constexpr char kToken[] = "fuzz-token";
 
