@@ -99,8 +99,12 @@ void Messenger::pumpLocked(LinkState& link) {
     }
     // The split is only as good as the estimates; whatever they miss shows at the end of a
     // burst as one link still draining while another idles: a link that runs dry takes work
-    // from the back of the slowest queue.
-    if (!link.up() || !link.queue.empty() || !link.data() || data_links_ < 2 ||
+    // from the back of the slowest queue. Dry means its last frame is out too, not merely
+    // posted: stealing while a link still writes its own share moved work off a slower link
+    // that was on time, and cut every message into extra pieces (2 hosts x 2 ranks on 1 Gbit
+    // + 250 Mbit rails: 1.4 % slower than with the rule of the old TCP transport).
+    if (!link.up() || !link.queue.empty() || !link.posted.empty() || !link.data() ||
+        data_links_ < 2 ||
         options_.links.weights != RailWeights::kAdaptive || failed() || !stealForLocked(link)) {
       return;
     }
@@ -129,6 +133,8 @@ void Messenger::completedLocked(int index, int count) {
     link.posted.pop_front();
     frameCompleteLocked(link, frame);
   }
+  // Written out: a link that ran dry may now take over part of a slower one's backlog.
+  if (link.posted.empty() && link.queue.empty()) pumpLocked(link);
   maybeIdleLocked(link);
 }
 
