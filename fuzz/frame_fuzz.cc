@@ -1,6 +1,6 @@
 // libFuzzer target: what a data connection's accepting side decodes from untrusted bytes
-// (links/tcp/hello.h, messaging/frame.h): the hello (fixed part, token length, token) and its check against
-// the job, then frame headers as the read path validates them.
+// (links/tcp/hello.h, messaging/frame.h): the hello (fixed part, token length, token) and its check
+// against the job, then frame headers as the read path validates them.
 //
 // Input layout: byte 0 picks this rank's view (my_rank, world_size), the rest is the stream
 // as it arrives on the connection: one hello, then frame headers back to back. Only

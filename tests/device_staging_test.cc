@@ -24,8 +24,8 @@
 #include "core/collectives/device_staging_plan.h"
 #include "core/collectives/host_device_ops.h"
 #include "tests/reference.h"
-#include "tests/test_util.h"
 #include "tests/tcp_mesh_util.h"
+#include "tests/test_util.h"
 
 namespace railshard {
 namespace {

@@ -127,8 +127,8 @@ TEST(FrameParser, AcceptsWellFormedHeaders) {
   abort.length = kMaxControlPayload;
   abort.error_kind = static_cast<uint8_t>(ErrorKind::kProtocol);
   EXPECT_NO_THROW(parseFrameHeader(bytesOf(abort)));
-  for (const auto kind : {FrameKind::kBye, FrameKind::kAck, FrameKind::kLinkDown,
-                          FrameKind::kPing, FrameKind::kConnected}) {
+  for (const auto kind : {FrameKind::kBye, FrameKind::kAck, FrameKind::kLinkDown, FrameKind::kPing,
+                          FrameKind::kConnected}) {
     FrameHeader control;
     control.kind = static_cast<uint8_t>(kind);
     EXPECT_NO_THROW(parseFrameHeader(bytesOf(control)));

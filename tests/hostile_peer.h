@@ -70,14 +70,16 @@ class StderrCapture {
 };
 
 inline transport::links::tcp::Fd connectTo(const std::string& host_port) {
-  return transport::links::tcp::connectWithRetry(transport::links::tcp::resolve(host_port, "attacker"),
-                                          deadlineAfter(std::chrono::seconds(5)), "attacker");
+  return transport::links::tcp::connectWithRetry(
+      transport::links::tcp::resolve(host_port, "attacker"), deadlineAfter(std::chrono::seconds(5)),
+      "attacker");
 }
 
 // Sends what it can: the other side may close half-way, which is what it should do.
 inline void sendSome(int fd, const void* data, size_t size) {
   try {
-    transport::links::tcp::sendAll(fd, data, size, deadlineAfter(std::chrono::seconds(5)), "attacker");
+    transport::links::tcp::sendAll(fd, data, size, deadlineAfter(std::chrono::seconds(5)),
+                                   "attacker");
   } catch (const Error&) {
   }
 }

@@ -11,8 +11,8 @@
 
 #include "base/error.h"
 #include "tests/test_util.h"
-#include "transport/links/ibverbs/credit_window.h"
 #include "transport/cuda_driver.h"
+#include "transport/links/ibverbs/credit_window.h"
 #include "transport/links/ibverbs/device_registration.h"
 #include "transport/links/ibverbs/gid_table.h"
 #include "transport/links/ibverbs/hca_discovery.h"

@@ -23,8 +23,8 @@
 #include "tests/collective_check.h"
 #include "tests/multi_host.h"
 #include "tests/reference.h"
-#include "tests/test_util.h"
 #include "tests/tcp_mesh_util.h"
+#include "tests/test_util.h"
 #include "transport/transport.h"
 
 namespace railshard {
@@ -214,7 +214,8 @@ TEST(TwoLevel, RailBrokenMidAllreduceFailsOverAndResultsStayExact) {
       if (rank == 0 && round == 1) {
         breaker = std::thread([&] {
           std::this_thread::sleep_for(std::chrono::milliseconds(30));
-          test::tcpDriverOf(comm->transport()).breakForTesting(2, 1);  // rank 2: the other host's local rank 0
+          test::tcpDriverOf(comm->transport())
+              .breakForTesting(2, 1);  // rank 2: the other host's local rank 0
           broke_inside = inside.load();
         });
       }

@@ -100,8 +100,9 @@ void ShmEngine::allToAll(const void* send, const std::vector<size_t>& send_count
         const auto* published =
             reinterpret_cast<const uint64_t*>(segment_->inSlot(static_cast<int>(s), step_));
         transport::links::shm::readFromProcess(segment_->control(static_cast<int>(s)).pid.load(),
-                                        published[3 * n] + published[2 * n + me] * element,
-                                        out + recv_displs[s] * element, recv_counts[s] * element);
+                                               published[3 * n] + published[2 * n + me] * element,
+                                               out + recv_displs[s] * element,
+                                               recv_counts[s] * element);
       }
     } catch (const Error& e) {
       fail(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +

@@ -10,8 +10,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/types.h"
-#include "transport/message_tag.h"
 #include "transport/links/shm/shm_segment.h"
+#include "transport/message_tag.h"
 #include "transport/messaging/failure_state.h"
 #include "transport/messaging/waiter.h"
 

@@ -130,7 +130,7 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
         } else {
           scratch[r].resize(take * element);
           transport::links::shm::readFromProcess(pid[r], theirs[r].send + offset, scratch[r].data(),
-                                          take * element);
+                                                 take * element);
           sources[r] = scratch[r].data();
         }
       }
@@ -154,12 +154,13 @@ bool ShmEngine::singleCopyAllreduce(const void* send, void* recv, size_t count, 
           kernels::copy(out + from, their_recv[r] + from, length_bytes);
         }
       } else {
-        transport::links::shm::readFromProcess(pid[r], theirs[r].recv + from, out + from, length_bytes);
+        transport::links::shm::readFromProcess(pid[r], theirs[r].recv + from, out + from,
+                                               length_bytes);
       }
     }
   } catch (const Error& e) {
     fail(kindOf(e), "rank " + std::to_string(nameOf(rank_)) + ": " + describeTag(tag) +
-                         ": reading another rank's buffer failed: " + e.what());
+                        ": reading another rank's buffer failed: " + e.what());
   }
   // 4. Done reading: nobody returns (and lets its caller reuse the buffers) before all have.
   beginStep(tag);

@@ -104,8 +104,8 @@ void Messenger::pumpLocked(LinkState& link) {
     // that was on time, and cut every message into extra pieces (2 hosts x 2 ranks on 1 Gbit
     // + 250 Mbit rails: 1.4 % slower than with the rule of the old TCP transport).
     if (!link.up() || !link.queue.empty() || !link.posted.empty() || !link.data() ||
-        data_links_ < 2 ||
-        options_.links.weights != RailWeights::kAdaptive || failed() || !stealForLocked(link)) {
+        data_links_ < 2 || options_.links.weights != RailWeights::kAdaptive || failed() ||
+        !stealForLocked(link)) {
       return;
     }
   }
