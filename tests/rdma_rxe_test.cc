@@ -357,8 +357,16 @@ TEST_P(RendezvousOverRxe, ARailTakenDownMidAllreduceMovesToTheOther) {
   if (rails() < 2) GTEST_SKIP() << "RAILSHARD_TEST_RXE gives each host one rail";
   if (skipped()) GTEST_SKIP() << kReadRendezvousSkip;
   std::atomic<int> done{0};
-  test::rethrowFirst(withRanks(2, 2, cutLinkConfig(pathConfig()), [&](Communicator& comm) {
+  // The default retry budget, as in ARailTakenDownAndUpIsReadmitted: the cut is seen through
+  // its port's event and the report of the side that saw it.
+  test::rethrowFirst(withRanks(2, 2, pathConfig(), [&](Communicator& comm) {
     std::thread cut;
+    struct Join {
+      std::thread& thread;
+      ~Join() {
+        if (thread.joinable()) thread.join();
+      }
+    } join{cut};
     if (comm.rank() == 0) {
       cut = std::thread([&] {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
