@@ -1,6 +1,7 @@
 // Point-to-point messages between processes of one host through shared memory
-// (core/shm_messages.h): ranks of tests/programs/p2p_check started by hand, each its own
-// process, so large messages really are read out of another process (process_vm_readv).
+// (transport/links/shm/shm_channel.h, one link of each same-host pair's messenger): ranks of
+// tests/programs/p2p_check started by hand, each its own process, so large messages really are read
+// out of another process (process_vm_readv).
 #include <gtest/gtest.h>
 
 #include <regex>

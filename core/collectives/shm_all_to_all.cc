@@ -1,7 +1,7 @@
 // All-to-all among the ranks of one host, through the host's shared-memory segment
 // (ShmEngine; docs/point_to_point.md): blocks read straight from the other ranks' send
 // buffers where every rank can read every other's memory (set-up checks it:
-// core/shm_messages.h), else through the slots.
+// core/channels_host.cc), else through the slots.
 #include <algorithm>
 #include <cstring>
 #include <string>

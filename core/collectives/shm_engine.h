@@ -75,7 +75,7 @@ class ShmEngine {
   void barrier(const transport::MessageTag& tag);
 
   size_t slotBytes() const { return segment_->slotBytes(); }
-  // The segment, for the host's point-to-point messages (core/shm_messages.h).
+  // The segment, for the host's point-to-point messages (transport/links/shm/shm_channel.h).
   transport::links::shm::ShmSegment& segment() { return *segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
