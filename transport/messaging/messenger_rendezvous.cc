@@ -397,7 +397,7 @@ void Messenger::oneSidedFinishedLocked(const std::shared_ptr<Rendezvous>& move) 
     // learns it from the ends behind the writes.
     offered_.erase(move->message);
     move->finished = true;
-    if (move->send->outstanding == 0) completeLocked(*move->send);
+    if (auto send = move->send.lock(); send && send->outstanding == 0) completeLocked(*send);
     sendEndsLocked(*move, FrameKind::kWritten);
     return;
   }
@@ -434,7 +434,7 @@ void Messenger::onEndLocked(const FrameHeader& header) {
   deregisterLocked(*move);
   if (read_done) {
     move->finished = true;
-    if (move->send->outstanding == 0) completeLocked(*move->send);
+    if (auto send = move->send.lock(); send && send->outstanding == 0) completeLocked(*send);
     return;
   }
   IncomingPtr done = book_.landed(move->message, *move->entry, move->total);

@@ -40,7 +40,9 @@ struct Rendezvous {
   bool write = false;  // the sender writes (else the receiver reads)
   uint64_t message = 0;
   uint64_t total = 0;
-  std::shared_ptr<SendOp> send;        // the sender's side
+  // The sender's side. Weak: the send holds its rendezvous (SendOp::rendezvous), and a
+  // strong pointer back made a cycle that outlived every rendezvous (LeakSanitizer).
+  std::weak_ptr<SendOp> send;
   IncomingPtr entry;                   // the receiver's side: the message in its book
   uint8_t* local = nullptr;            // this rank's buffer: the send's data, or where it lands
   std::vector<uint8_t> bounce;         // a receive in GPU memory: moved here, then copied in
