@@ -123,7 +123,9 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
 
   std::unique_ptr<transport::links::ibverbs::RdmaPlan> rdma;
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {
-    rdma = transport::links::ibverbs::planRdma(store, rdmaOptions(options_), mesh_->failure());
+    auto ib = rdmaOptions(options_);
+    ib.spin = mesh_->waiter().plan().poll;
+    rdma = transport::links::ibverbs::planRdma(store, ib, mesh_->failure());
   }
 
   transport::links::tcp::TcpDriver::Options driver_options;

@@ -94,6 +94,7 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
     RdmaDriver::Options driver_options;
     driver_options.rank = options.rank;
     driver_options.rdma = options.rdma;
+    driver_options.spin = options.spin;
     driver_options.failure = &failure;
     driver = std::make_unique<RdmaDriver>(*VerbsApi::get(), driver_options, found.ports);
   }

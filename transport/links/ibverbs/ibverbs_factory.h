@@ -30,6 +30,7 @@ struct FactoryOptions {
   // (Soft-RoCE, soft iWARP), where it measured slower; rendezvous_verb auto: write when a rail
   // is a software device, else read; connect auto: on first use beyond kEagerPeers RDMA peers.
   RdmaConfig rdma;
+  Duration spin = std::chrono::microseconds(100);  // the driver's polling (RdmaDriver::Options)
 };
 
 // Which peers this rank reaches over RDMA: the lanes to each (one per rail the pair shares,

@@ -206,7 +206,7 @@ void RdmaDriver::progressLoop() {
       last_work = Clock::now();
       continue;
     }
-    if (Clock::now() - last_work < kProgressSpin) {
+    if (Clock::now() - last_work < std::min<Duration>(options_.spin, kProgressSpin)) {
       sched_yield();
       continue;
     }

@@ -47,6 +47,11 @@ class RdmaDriver final : public Driver {
     int rank = 0;
     RdmaConfig rdma;         // slots, slot sizes, ACK timeout and retries, re-admission
     bool want_reads = true;  // this rank's rendezvous reads (else the sender writes)
+    // How long the progress thread polls after its last completion before it sleeps on the
+    // completion channels, at most 100 µs: the wait plan's polling budget (zero with more
+    // ranks than cores, where a spinning thread takes the core a rank, or the kernel's own
+    // network work, needs).
+    Duration spin = std::chrono::microseconds(100);
     messaging::FailureState* failure = nullptr;
     QpTiming timing() const {
       QpTiming t;
