@@ -60,6 +60,8 @@ void describeAll() {
   metrics::describe("railshard_rail_weight", "gauge",
                     "Share of a large message each rail gets now (0 when down).");
   metrics::describe("railshard_rail_up", "gauge", "1 while the rail carries traffic, 0 when out.");
+  metrics::describe("railshard_rail_outages_total", "counter",
+                    "Times each rail was taken out (counts a flap between two scrapes).");
 }
 
 }  // namespace
@@ -191,6 +193,14 @@ void Diagnostics::setUpMetrics() {
                          static_cast<double>(rail.bytes_sent - before));
           }
           last[key] = rail.bytes_sent;
+          // Added even when nothing is new, so that the series exists (at 0) from the start; a
+          // count below the last one is a new connection after the group re-formed.
+          uint64_t& outages_before = last[key + "/outages"];
+          metrics::add(
+              "railshard_rail_outages_total", labels,
+              static_cast<double>(rail.outages >= outages_before ? rail.outages - outages_before
+                                                                 : rail.outages));
+          outages_before = rail.outages;
           metrics::set("railshard_rail_estimated_gbps", labels, rail.gbps);
           metrics::set("railshard_rail_weight", labels, rail.fraction);
           metrics::set("railshard_rail_up", labels, rail.up ? 1 : 0);

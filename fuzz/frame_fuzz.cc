@@ -41,6 +41,7 @@ void fuzzHeader(std::span<const uint8_t> bytes) {
       case FrameKind::kGrant:
       case FrameKind::kConnect:
       case FrameKind::kConnectAck:
+      case FrameKind::kLinkDown:
         check(header.length <= kMaxControlPayload);
         break;
       case FrameKind::kAbort:
@@ -55,7 +56,6 @@ void fuzzHeader(std::span<const uint8_t> bytes) {
       case FrameKind::kBye:
       case FrameKind::kAck:
       case FrameKind::kPing:
-      case FrameKind::kLinkDown:
       case FrameKind::kConnected:
         check(header.length == 0);
         break;

@@ -64,6 +64,10 @@ TEST(CommunicatorMetrics, CollectivesBytesRailsAndErrorsAreCountedPerRank) {
     EXPECT_EQ(scraped.at("railshard_rail_up{peer=\"" + std::to_string(1 - rank) +
                          "\",rail=\"tcp\",rank=\"" + std::to_string(rank) + "\"}"),
               1);
+    // A rail never taken out: its outage counter is there from the first scrape, at 0.
+    EXPECT_EQ(scraped.at("railshard_rail_outages_total{peer=\"" + std::to_string(1 - rank) +
+                         "\",rail=\"tcp\",rank=\"" + std::to_string(rank) + "\"}"),
+              0);
     // Different counts on the two ranks: a MismatchError on both, counted as such.
     std::vector<float> odd(rank == 0 ? 10 : 20);
     try {

@@ -48,6 +48,9 @@ struct RailStatus {
   // into it: counted on the rank that posted the reads or writes), not through staging.
   uint64_t bytes_in_place = 0;
   std::string down_reason;  // why it is out, when !up
+  // Times it was taken out. A look at `up` misses an outage that began and ended (re-admitted)
+  // between two looks; this counts it.
+  uint64_t outages = 0;
 };
 
 // A peer this rank no longer counts on: its connection ended without a goodbye, it fell

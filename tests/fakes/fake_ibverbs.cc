@@ -24,7 +24,9 @@
 //
 // Where it knowingly differs from libibverbs + a real HCA:
 //  - ibv_close_device, ibv_destroy_cq and ibv_destroy_qp return EBUSY where the real library
-//    would close anyway (objects left) or block forever (events not acknowledged).
+//    would close anyway (objects left) or block forever (events not acknowledged; a QP's
+//    async event retrieved by another thread is waited for up to 5 s first, as the real
+//    library waits for it).
 //  - A finite rnr_retry fails a write with immediate that finds no receive at once; 7 waits.
 //  - A PSN mismatch between sq_psn and the peer's rq_psn fails with IBV_WC_RETRY_EXC_ERR.
 //  - lkey != rkey for every MR, so using one for the other is caught.
@@ -55,6 +57,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdint>
@@ -1546,11 +1549,24 @@ FAKE_EXPORT int ibv_query_qp(ibv_qp* pub, ibv_qp_attr* attr, int /*mask*/, ibv_q
 
 FAKE_EXPORT int ibv_destroy_qp(ibv_qp* pub) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu_);
+  std::unique_lock<std::mutex> lock(s.mu_);
   Qp* qp = find(s.qps_, pub);
   if (qp == nullptr) {
     setError("ibv_destroy_qp: unknown QP");
     return EINVAL;
+  }
+  // Real libibverbs waits until every async event of the QP that was retrieved is
+  // acknowledged (another thread may be about to); forever if none comes. Here: up to 5 s.
+  for (int waited_ms = 0; qp->async_delivered_ != qp->async_acked_ && waited_ms < 5000;
+       ++waited_ms) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
+    qp = find(s.qps_, pub);
+    if (qp == nullptr) {
+      setError("ibv_destroy_qp: the QP was destroyed by another thread meanwhile");
+      return EINVAL;
+    }
   }
   if (qp->async_delivered_ != qp->async_acked_) {
     // Real libibverbs blocks forever here; failing is kinder to a test run.

@@ -72,6 +72,7 @@ void validateFrameHeader(const FrameHeader& header, uint64_t max_payload) {
     case FrameKind::kGrant:
     case FrameKind::kConnect:
     case FrameKind::kConnectAck:
+    case FrameKind::kLinkDown:  // why the sender took the link out
       controlPayload();
       return;
     case FrameKind::kAbort:
@@ -92,7 +93,6 @@ void validateFrameHeader(const FrameHeader& header, uint64_t max_payload) {
     case FrameKind::kBye:
     case FrameKind::kAck:
     case FrameKind::kPing:
-    case FrameKind::kLinkDown:
     case FrameKind::kConnected:
       noPayload();
       return;

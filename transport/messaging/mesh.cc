@@ -172,7 +172,11 @@ void Mesh::wait(const RequestPtr& request, Deadline deadline) {
   message << "rank " << rank_ << ": " << what << " timed out waiting "
           << (is_send ? "to send to " : "to receive from ") << "rank " << request->peer()
           << " (RAILSHARD_TIMEOUT)";
-  if (timeout_explainer_) message << ": " << timeout_explainer_(request->tag());
+  if (timeout_explainer_) {
+    const std::string explained = timeout_explainer_(request->tag());
+    if (!explained.empty()) message << ": " << explained;
+  }
+  message << " [" << messenger.stateSummary() << "]";
   // Raises whichever failure came first: this timeout, or one another thread (a peer's abort,
   // a lost link) was publishing meanwhile. Never returns: the request is not done.
   failure_.fail(makeError(ErrorKind::kTimeout, message.str()), true);

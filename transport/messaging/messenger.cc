@@ -295,9 +295,31 @@ std::vector<RailStatus> Messenger::rails(bool channels) const {
     status.bytes_sent = l->bytes_sent;
     status.bytes_in_place = l->bytes_in_place;
     status.down_reason = l->down_reason;
+    status.outages = l->outages;
     result.push_back(status);
   }
   return result;
+}
+
+std::string Messenger::stateSummary() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stateSummaryLocked();
+}
+
+std::string Messenger::stateSummaryLocked() const {
+  std::string text = "with rank " + std::to_string(options_.peer) + ": " +
+                     std::to_string(book_.sent()) + " messages sent, " +
+                     std::to_string(book_.received()) + " received;";
+  for (const auto& l : links_) {
+    text += " " + l->attributes().name + " " + (l->up() ? "up" : "down") + " generation " +
+            std::to_string(l->generation) + " (" + std::to_string(l->queue.size()) +
+            " frames queued, " + std::to_string(l->posted.size()) + " posted, " +
+            std::to_string(l->unacked.size()) + " kept, " + std::to_string(l->landed) + " landed);";
+  }
+  text += " " + std::to_string(moves_.size()) + " rendezvous moving, " +
+          std::to_string(offered_.size()) + " offered, " + std::to_string(granted_.size()) +
+          " granted";
+  return text;
 }
 
 uint64_t Messenger::bytesSent(int link) const {
@@ -308,6 +330,9 @@ uint64_t Messenger::bytesSent(int link) const {
 void Messenger::groupFailed(ErrorKind kind, const std::string& message, int lost_rank,
                             bool tell_peers) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (busyLocked()) {
+    RS_LOG_DEBUG("rank {}: the group failed; in progress {}", group_.rank, stateSummaryLocked());
+  }
   // Before anyone learns of the failure (and may free the buffers of the collective that
   // failed), stop using user memory: queued frames are dropped, a half-written one finishes
   // from a copy, nothing more lands in a receive, every registration for one-sided moves goes.

@@ -126,6 +126,9 @@ class Messenger {
   std::vector<RailStatus> rails(bool channels = false) const;
   // Payload bytes sent over each link so far.
   uint64_t bytesSent(int link) const;
+  // What is in progress with the peer, for a timeout's message: messages sent and received,
+  // each link's state and frames queued, posted and kept, rendezvous under way.
+  std::string stateSummary() const;
   bool lost() const;
 
   // The group failed (a FailureState hook): user memory is detached (nothing more is read or
@@ -235,7 +238,7 @@ class Messenger {
   void requeueUnpostedLocked(LinkState& link);
   void sendReportsLocked();
   // A kLinkDown report that arrived on `via`.
-  void onReportLocked(LinkState& via, const FrameHeader& header);
+  void onReportLocked(LinkState& via, const FrameHeader& header, const std::string& why);
   // "RDMA rail mlx5_0:1 to rank 3", "rail0 to rank 3": a link in messages.
   std::string linkName(const LinkState& link) const;
   void resendLocked(LinkState& link, uint64_t consumed);
@@ -252,6 +255,7 @@ class Messenger {
   void heartbeatLocked(Clock::time_point now);
   void rejoinLocked(Clock::time_point now);
   std::string linksSummaryLocked() const;
+  std::string stateSummaryLocked() const;
   bool dataLinkUpLocked() const;
   bool dataLinkComingLocked() const;
   // messenger_rendezvous.cc

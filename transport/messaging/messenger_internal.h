@@ -55,6 +55,7 @@ struct Messenger::LinkState {
   bool report_received = false;
   uint64_t report_consumed = 0;
   std::string down_reason;
+  uint64_t outages = 0;  // times taken out while up (RailStatus::outages)
   // Re-admission and connection by records.
   Connect connect = Connect::kIdle;
   Clock::time_point last_attempt{};

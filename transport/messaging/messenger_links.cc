@@ -101,6 +101,7 @@ void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_cl
   }
   link.state = State::kDown;
   link.down_reason = why;
+  ++link.outages;
   link.quiesced = false;
   link.report_sent = false;
   link.report_received = false;
@@ -188,7 +189,9 @@ void Messenger::sendReportsLocked() {
     report.link = static_cast<uint16_t>(link->index);
     report.generation = link->generation;
     report.message = link->report_consumed;
-    sendControlLocked(report, {}, via);
+    // With why: the peer's error then names the first cause (a verbs status, say), not only
+    // this report.
+    sendControlLocked(report, link->down_reason.substr(0, 1024), via);
     link->report_sent = true;
   }
 }
@@ -198,7 +201,7 @@ std::string Messenger::linkName(const LinkState& link) const {
          link.attributes().name + " to rank " + std::to_string(options_.peer);
 }
 
-void Messenger::onReportLocked(LinkState& via, const FrameHeader& header) {
+void Messenger::onReportLocked(LinkState& via, const FrameHeader& header, const std::string& why) {
   if (header.link >= links_.size()) {
     failLocked(ErrorKind::kProtocol, "rank " + std::to_string(group_.rank) + ": " + peerName() +
                                          " reported link " + std::to_string(header.link) +
@@ -223,7 +226,8 @@ void Messenger::onReportLocked(LinkState& via, const FrameHeader& header) {
   if (link.up()) {
     linkFailedLocked(link.index,
                      linkName(link) + ": rank " + std::to_string(options_.peer) +
-                         "'s side failed (it said so on " + linkName(via) + ")",
+                         "'s side failed (it said so on " + linkName(via) + ")" +
+                         (why.empty() ? "" : ": " + why),
                      false);
   }
   if (lost_ || link.report_received || failed()) return;

@@ -62,6 +62,7 @@ Messenger::Landing Messenger::arrivingLocked(int index, const FrameHeader& heade
     case FrameKind::kAbort:
     case FrameKind::kConnect:
     case FrameKind::kConnectAck:
+    case FrameKind::kLinkDown:
       landing.buffer.resize(header.length);
       landing.target = landing.buffer.data();
       return landing;
@@ -103,7 +104,7 @@ void Messenger::landedLocked(int index, const FrameHeader& header, Landing& land
       sendAckLocked(link, &link);
       break;
     case FrameKind::kLinkDown:
-      onReportLocked(link, header);
+      onReportLocked(link, header, std::string(landing.buffer.begin(), landing.buffer.end()));
       break;
     case FrameKind::kAbort:
       onAbortLocked(header, std::string(landing.buffer.begin(), landing.buffer.end()));

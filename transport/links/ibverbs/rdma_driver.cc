@@ -286,40 +286,31 @@ void RdmaDriver::waitForEvents() {
 void RdmaDriver::handleAsyncEvent(Rail& rail) {
   ibv_async_event event{};
   if (api_.get_async_event(rail.context, &event) != 0) return;
-  const std::string name = api_.event_type_str != nullptr
-                               ? api_.event_type_str(event.event_type)
-                               : std::to_string(static_cast<int>(event.event_type));
-  for (RdmaLane* lane : lanes_) {
-    switch (event.event_type) {
-      case IBV_EVENT_QP_FATAL:
-      case IBV_EVENT_QP_REQ_ERR:
-      case IBV_EVENT_QP_ACCESS_ERR:
-      case IBV_EVENT_PATH_MIG_ERR: {
-        auto guard = lane->messenger().guard();
-        lane->asyncFailureLocked(event.element.qp,
-                                 "asynchronous event " + name + " (the queue pair is in error)");
-        break;
-      }
-      case IBV_EVENT_PORT_ERR:
-      case IBV_EVENT_DEVICE_FATAL:
-      case IBV_EVENT_CQ_ERR: {
-        if (&this->rail(lane->rail()) != &rail) break;
-        auto guard = lane->messenger().guard();
-        lane->asyncFailureLocked(nullptr, "asynchronous event " + name + " on " + rail.port.device);
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  if (event.event_type != IBV_EVENT_QP_FATAL && event.event_type != IBV_EVENT_QP_REQ_ERR &&
-      event.event_type != IBV_EVENT_QP_ACCESS_ERR && event.event_type != IBV_EVENT_PATH_MIG_ERR &&
-      event.event_type != IBV_EVENT_PORT_ERR && event.event_type != IBV_EVENT_DEVICE_FATAL &&
-      event.event_type != IBV_EVENT_CQ_ERR) {
+  const ibv_event_type type = event.event_type;
+  const std::string name = api_.event_type_str != nullptr ? api_.event_type_str(type)
+                                                          : std::to_string(static_cast<int>(type));
+  const bool of_qp = type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_REQ_ERR ||
+                     type == IBV_EVENT_QP_ACCESS_ERR || type == IBV_EVENT_PATH_MIG_ERR;
+  const bool of_port =
+      type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_DEVICE_FATAL || type == IBV_EVENT_CQ_ERR;
+  const uint32_t qp_num = of_qp && event.element.qp != nullptr ? event.element.qp->qp_num : 0;
+  // Acknowledged before a lane's lock is taken: ibv_destroy_qp waits until its queue pair's
+  // events are acknowledged, and a lane destroys its queue pair (made again after a failure,
+  // or closed) under that lock; waiting for the lock with the event held would wait forever.
+  // (The emulation fails the destroy instead, and the queue pair was left behind.)
+  api_.ack_async_event(&event);
+  if (!of_qp && !of_port) {
     RS_LOG_DEBUG("rank {}: ibverbs: {}: asynchronous event {}", options_.rank, rail.port.device,
                  name);
+    return;
   }
-  api_.ack_async_event(&event);
+  for (RdmaLane* lane : lanes_) {
+    if (of_port && &this->rail(lane->rail()) != &rail) continue;
+    auto guard = lane->messenger().guard();
+    lane->asyncFailureLocked(of_qp, qp_num,
+                             of_qp ? "asynchronous event " + name + " (the queue pair is in error)"
+                                   : "asynchronous event " + name + " on " + rail.port.device);
+  }
 }
 
 }  // namespace railshard::transport::links::ibverbs

@@ -285,8 +285,8 @@ void RdmaLane::deregister(MemoryKey& key) {
   driver_.api().dereg_mr(mr);
 }
 
-void RdmaLane::asyncFailureLocked(ibv_qp* qp, const std::string& why) {
-  if ((qp != nullptr && qp != qp_) || qp_ == nullptr) return;
+void RdmaLane::asyncFailureLocked(bool of_qp, uint32_t qp_num, const std::string& why) {
+  if (qp_ == nullptr || (of_qp && qp_->qp_num != qp_num)) return;
   failLocked(why);
   reportLocked();
 }
@@ -298,6 +298,11 @@ void RdmaLane::completionLocked(const ibv_wc& wc) {
   --posted_;
   const WorkKind kind = workKind(wc.wr_id);
   if (kind != WorkKind::kRecv && send_outstanding_ > 0) --send_outstanding_;
+  if ((shut_ || failed_) && kind == WorkKind::kRecv && wc.status == IBV_WC_SUCCESS) {
+    lateFrameLocked(wc);
+    if (shut_) reportLocked();
+    return;
+  }
   if (shut_) {
     reportLocked();
     return;
@@ -391,6 +396,21 @@ void RdmaLane::completionLocked(const ibv_wc& wc) {
   postControlsLocked();
   returnCreditsLocked(false);
   if (controls_.empty()) messenger().roomLocked(index());
+}
+
+void RdmaLane::lateFrameLocked(const ibv_wc& wc) {
+  // The peer's write completed, so the peer counts the frame delivered (Delivery::kCompletion)
+  // and will not send it again: it is in our ring, and taken even though the lane is failing
+  // (its receive completed before the flushes), so that the failover report counts it.
+  // Nothing is posted again; credits go nowhere.
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) return;
+  const Immediate imm = decodeImmediate(ntohl(wc.imm_data));
+  if (imm.kind == ImmKind::kCredit) return;
+  try {
+    onFrameLocked(imm.value, wc.byte_len);
+  } catch (const ProtocolError& e) {
+    messenger().protocolErrorLocked(index(), name() + ": " + e.what());
+  }
 }
 
 void RdmaLane::onFrameLocked(uint32_t slot, uint32_t byte_len) {

@@ -60,8 +60,10 @@ class RdmaLane final : public Link {
 
   // --- the driver's thread, with the messenger's lock held ---
   void completionLocked(const ibv_wc& wc);
-  // An asynchronous event put its queue pair or its port in error.
-  void asyncFailureLocked(ibv_qp* qp, const std::string& why);
+  // An asynchronous event put its queue pair (number `qp_num`, when `of_qp`) or its port in
+  // error. By number: the event is acknowledged before it is handed out, after which its
+  // queue pair may be gone and its address reused.
+  void asyncFailureLocked(bool of_qp, uint32_t qp_num, const std::string& why);
   // What the driver's thread reports for it: a failure found while posting (the messenger
   // was calling in then), and, once it is shut and nothing posted is left, that it is quiet.
   void reportLocked();
@@ -73,6 +75,8 @@ class RdmaLane final : public Link {
   ibv_qp* qp() const { return qp_; }
 
  private:
+  // Destroys its queue pair, if any (a failure is logged: the queue pair is left behind).
+  void destroyQueuePair();
   struct OneSided {
     bool busy = false;
     uint64_t cookie = 0;
@@ -95,6 +99,8 @@ class RdmaLane final : public Link {
   void postControlsLocked();
   void returnCreditsLocked(bool force);
   void onFrameLocked(uint32_t slot, uint32_t byte_len);
+  // A frame whose receive completed after the lane failed or was shut.
+  void lateFrameLocked(const ibv_wc& wc);
   void failLocked(const std::string& why);
 
   RdmaDriver& driver_;

@@ -57,6 +57,17 @@ void freeRegistered(const VerbsApi& api, RegisteredBuffer& buffer) {
 
 }  // namespace
 
+void RdmaLane::destroyQueuePair() {
+  if (qp_ == nullptr) return;
+  if (const int rc = driver_.api().destroy_qp(qp_); rc != 0) {
+    // Left behind (its protection domain and device then cannot be closed either): said, as
+    // a resource leak should be.
+    RS_LOG_WARN("{}: ibv_destroy_qp of queue pair {} failed: {}", name(), qp_->qp_num,
+                std::strerror(rc));
+  }
+  qp_ = nullptr;
+}
+
 void RdmaLane::makeQueuePair(uint32_t generation) {
   Rail& rail = driver_.rail(rail_);
   const VerbsApi& api = driver_.api();
@@ -71,8 +82,7 @@ void RdmaLane::makeQueuePair(uint32_t generation) {
   // quiet) or never carried anything (an attempt to connect that was not answered): whatever of
   // it is still queued goes with it, and a completion of it that is left is of an older
   // generation, dropped.
-  if (qp_ != nullptr) api.destroy_qp(qp_);
-  qp_ = nullptr;
+  destroyQueuePair();
   posted_ = 0;
   connected_ = false;
   generation_ = static_cast<uint16_t>(generation);
@@ -205,8 +215,7 @@ void RdmaLane::completeRecord(uint32_t generation, const std::string& record) {
 
 void RdmaLane::teardownLocked() {
   const VerbsApi& api = driver_.api();
-  if (qp_ != nullptr) api.destroy_qp(qp_);
-  qp_ = nullptr;
+  destroyQueuePair();
   connected_ = false;
   failed_ = true;
   shut_ = true;
