@@ -24,6 +24,9 @@ ALLOWED = {
                  "core/dispatch"],
     "launcher/tools": ["base", "kernels", "transport", "core", "core/topology", "core/tracing",
                        "core/dispatch", "launcher"],
+    # The NCCL plugin stands on the messenger alone (no communicator, no store); NIC discovery
+    # is the launcher's (interfaces.cc, discovery/sysfs_files.cc), compiled into the plugin.
+    "plugins/nccl": ["base", "transport", "launcher"],
     "python": ["base", "kernels", "transport", "core", "core/topology", "core/tracing",
                "core/dispatch", "launcher"],
 }

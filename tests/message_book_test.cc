@@ -246,5 +246,62 @@ TEST(MessageBook, PostedReceivesAreReportedFromAMessageNumberOn) {
   EXPECT_FALSE(book.awaitsAny());
 }
 
+// NCCL's receives (the plugin): a buffer that may be larger than the message, chosen once the
+// message's first piece (or its staged copy) says its tag and size.
+TEST(MessageBook, AChosenReceiveTakesASmallerMessageIntoTheBufferItsTagPicks) {
+  MessageBook book(0, 1, nullptr);
+  std::vector<uint8_t> for_tag3(64, 0), for_tag4(64, 0);
+  std::vector<std::pair<MessageTag, uint64_t>> asked;
+  auto chooser = [&](const MessageTag& tag, uint64_t total) {
+    asked.emplace_back(tag, total);
+    return Choice{tag.step == 3 ? for_tag3.data() : for_tag4.data(), std::nullopt};
+  };
+  auto first = receiveRequest(64, MessageTag{});
+  auto second = receiveRequest(64, MessageTag{});
+  ASSERT_FALSE(book.postChosen(first, chooser).problem);
+  // The second message is whole before its receive is posted: chosen at the post.
+  const std::vector<uint8_t> b(40, 0xB2);
+  deliver(book, PieceInfo{1, tagOf(9, 3), 40, 0, 40}, b.data());
+  EXPECT_TRUE(asked.empty());
+  const std::vector<uint8_t> a(20, 0xA1);
+  deliver(book, PieceInfo{0, tagOf(9, 4), 20, 0, 12}, a.data());
+  ASSERT_EQ(asked.size(), 1u);  // once, at its first piece
+  EXPECT_EQ(asked[0].second, 20u);
+  EXPECT_FALSE(first->done());
+  deliver(book, PieceInfo{0, tagOf(9, 4), 20, 12, 8}, a.data() + 12);
+  EXPECT_TRUE(first->done());
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), for_tag4.begin()));
+  EXPECT_EQ(for_tag4[20], 0) << "a byte beyond the message";
+  MessageBook::Posted posted = book.postChosen(second, chooser);
+  ASSERT_FALSE(posted.problem);
+  ASSERT_TRUE(posted.complete);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1].first, tagOf(9, 3));
+  EXPECT_EQ(posted.complete->total, 40u);
+  EXPECT_EQ(posted.complete->user, for_tag3.data());
+}
+
+TEST(MessageBook, AChosenReceiveThatRefusesTheMessageLandsNothing) {
+  MessageBook book(0, 1, nullptr);
+  auto refuse = [](const MessageTag&, uint64_t total) {
+    return Choice{nullptr, Problem{ErrorKind::kMismatch, "rank 0: no buffer of the receive takes " +
+                                                             std::to_string(total) + " bytes"}};
+  };
+  ASSERT_FALSE(book.postChosen(receiveRequest(8, MessageTag{}), refuse).problem);
+  MessageBook::Arrival arrival = book.arrive(PieceInfo{0, tagOf(1), 100, 0, 100}, nullptr);
+  ASSERT_TRUE(arrival.problem);
+  EXPECT_FALSE(arrival.entry);
+  EXPECT_EQ(arrival.problem->kind, ErrorKind::kMismatch);
+  EXPECT_EQ(arrival.problem->text, "rank 0: no buffer of the receive takes 100 bytes");
+  // Staged first, refused at the post.
+  MessageBook other(0, 1, nullptr);
+  ASSERT_TRUE(other.arrive(PieceInfo{0, tagOf(1), 100, 0, 100}, nullptr).entry);
+  MessageBook::Posted posted = other.postChosen(receiveRequest(8, MessageTag{}), refuse);
+  ASSERT_TRUE(posted.problem);
+  EXPECT_FALSE(posted.complete);
+  EXPECT_EQ(posted.problem->text, "rank 0: no buffer of the receive takes 100 bytes");
+}
+
 }  // namespace
 }  // namespace railshard::transport::messaging

@@ -29,6 +29,10 @@ class Request {
   // When it was posted (steady clock, ns), for its trace event; 0 when tracing was off.
   int64_t postedNs() const { return posted_ns_; }
   bool done() const { return done_.load(std::memory_order_acquire); }
+  // A receive's bytes, once done(): bytes() unless it took a smaller message (a chosen
+  // receive, messaging::MessageBook::postChosen). Written before markDone(), read after done().
+  size_t received() const { return received_; }
+  void setReceived(size_t bytes) { received_ = bytes; }
   // seq_cst, not release: the completer then reads the waiter count, and a release store may
   // be reordered after that load (x86 store buffer), losing the wake-up.
   void markDone() { done_.store(true, std::memory_order_seq_cst); }
@@ -39,6 +43,7 @@ class Request {
   size_t bytes_;
   MessageTag tag_;
   int64_t posted_ns_;
+  size_t received_ = bytes_;
   std::atomic<bool> done_{false};
 };
 

@@ -59,6 +59,48 @@ MessageBook::Posted MessageBook::post(RequestPtr request, void* data, uint64_t b
   return result;
 }
 
+std::optional<Problem> MessageBook::choose(Incoming& entry, const MessageTag& tag, uint64_t total) {
+  Chooser chooser = std::move(entry.choose);
+  entry.choose = nullptr;
+  Choice choice = chooser(tag, total);
+  if (choice.problem) return choice.problem;
+  if (choice.data == nullptr && total > 0) {
+    return Problem{ErrorKind::kProtocol, from() + ": no buffer chosen for its message of " +
+                                             std::to_string(total) + " bytes"};
+  }
+  entry.tag = tag;
+  entry.total = total;
+  entry.user = choice.data;
+  return std::nullopt;
+}
+
+MessageBook::Posted MessageBook::postChosen(RequestPtr request, Chooser chooser) {
+  Posted result;
+  result.message = next_recv_++;
+  auto found = incoming_.find(result.message);
+  if (found == incoming_.end()) {
+    auto entry = std::make_shared<Incoming>();
+    entry->request = std::move(request);
+    entry->choose = std::move(chooser);
+    incoming_.emplace(result.message, std::move(entry));
+    return result;
+  }
+  Incoming& staged = *found->second;
+  staged.choose = std::move(chooser);
+  const MessageTag tag = staged.tag;
+  const uint64_t total = staged.total;
+  if (auto problem = choose(staged, tag, total)) {
+    result.problem = std::move(problem);
+    return result;
+  }
+  staged.request = std::move(request);
+  if (staged.landed == staged.total) {
+    result.complete = found->second;
+    incoming_.erase(found);
+  }
+  return result;
+}
+
 bool MessageBook::nextArrived() const {
   return incoming_.count(next_recv_) != 0;
 }
@@ -104,6 +146,13 @@ MessageBook::Arrival MessageBook::arrive(const PieceInfo& piece,
     found = incoming_.emplace(piece.message, std::move(staged)).first;
   }
   Incoming& entry = *found->second;
+  if (entry.choose) {
+    // A chosen receive's first piece: its tag and size decide where it goes.
+    if (auto problem = choose(entry, piece.tag, piece.total)) {
+      result.problem = std::move(problem);
+      return result;
+    }
+  }
   if (!entry.staging && !(entry.tag == piece.tag)) {
     return fail(ErrorKind::kMismatch, tagMismatch(entry.tag, piece.tag));
   }

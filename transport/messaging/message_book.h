@@ -36,16 +36,26 @@ struct PieceInfo {
   uint64_t length = 0;
 };
 
+// Where a chosen receive puts the message that arrived for it (or why it refuses it).
+struct Choice {
+  uint8_t* data = nullptr;
+  std::optional<Problem> problem;
+};
+using Chooser = std::function<Choice(const MessageTag& tag, uint64_t total)>;
+
 // One message being received from the peer: a posted receive, or one whose first piece came
 // before its receive was posted, then staged in `staged` until it is complete (and copied
 // into the receive's buffer once, at completion, when the receive was posted meanwhile).
 struct Incoming {
   MessageTag tag;
   uint64_t total = 0;
-  uint64_t landed = 0;          // bytes of it that arrived
-  RequestPtr request;           // the posted receive; null while nobody asked for it
-  uint8_t* user = nullptr;      // that receive's buffer
-  bool staging = false;         // pieces land in `staged`, not in `user`
+  uint64_t landed = 0;      // bytes of it that arrived
+  RequestPtr request;       // the posted receive; null while nobody asked for it
+  uint8_t* user = nullptr;  // that receive's buffer
+  bool staging = false;     // pieces land in `staged`, not in `user`
+  // A receive that chooses its buffer once the message says its tag and size (postChosen);
+  // empty once chosen, and for every other receive.
+  Chooser choose;
   std::vector<uint8_t> staged;  // the early message (staging only)
   uint8_t* base() { return staging ? staged.data() : user; }
 };
@@ -78,6 +88,11 @@ class MessageBook {
     IncomingPtr complete;
   };
   Posted post(RequestPtr request, void* data, uint64_t bytes, const MessageTag& tag);
+  // A receive for the peer's next message whatever its tag and size: `choose` sees them
+  // before a byte lands (when its first piece arrives, or now when it is staged already) and
+  // says where it goes, or refuses it. NCCL's receives are of this kind: a buffer may be
+  // larger than what was sent, and the buffers of a grouped receive are told apart by tag.
+  Posted postChosen(RequestPtr request, Chooser choose);
   // Whether the next receive would find its message (or its first piece) already here.
   bool nextArrived() const;
   // That message's tag, or null while it has not begun to arrive (a receive from any source
@@ -110,6 +125,8 @@ class MessageBook {
   std::string sizeMismatch(const MessageTag& tag, uint64_t expected, uint64_t sent) const;
   std::string tagMismatch(const MessageTag& mine, const MessageTag& theirs) const;
   std::string from() const;
+  // A chosen receive learns its message: its buffer, tag and size from now on.
+  std::optional<Problem> choose(Incoming& entry, const MessageTag& tag, uint64_t total);
 
   int my_rank_;
   int peer_;

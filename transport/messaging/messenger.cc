@@ -173,6 +173,19 @@ RequestPtr Messenger::isend(const void* data, size_t bytes, const MessageTag& ta
 RequestPtr Messenger::irecv(void* data, size_t bytes, const MessageTag& tag) {
   auto op = std::make_shared<RecvOp>(options_.peer, bytes, tag);
   op->device = group_.cuda != nullptr && bytes > 0 && group_.cuda->isDeviceMemory(data);
+  return postReceive(
+      op, tag, [&](const RequestPtr& request) { return book_.post(request, data, bytes, tag); });
+}
+
+RequestPtr Messenger::irecvChosen(size_t capacity, Chooser choose) {
+  auto op = std::make_shared<RecvOp>(options_.peer, capacity, MessageTag{});
+  return postReceive(op, MessageTag{}, [&](const RequestPtr& request) {
+    return book_.postChosen(request, std::move(choose));
+  });
+}
+
+RequestPtr Messenger::postReceive(const RequestPtr& op, const MessageTag& tag,
+                                  FunctionRef<MessageBook::Posted(const RequestPtr&)> post) {
   {
     Guard guard(*this);
     if (failed()) {
@@ -188,7 +201,7 @@ RequestPtr Messenger::irecv(void* data, size_t bytes, const MessageTag& tag) {
                        (lost_ ? "the connection is gone" : "it closed its communicator"));
       }
     } else {
-      MessageBook::Posted posted = book_.post(op, data, bytes, tag);
+      MessageBook::Posted posted = post(op);
       if (posted.problem) {
         failLocked(posted.problem->kind, std::move(posted.problem->text));
       } else if (posted.complete) {

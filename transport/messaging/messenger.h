@@ -14,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/config.h"
+#include "base/function_ref.h"
 #include "transport/links/link.h"
 #include "transport/messaging/current_collective.h"
 #include "transport/messaging/failure_state.h"
@@ -104,6 +105,10 @@ class Messenger {
   // Null-free: a failure raises (PeerLostError when the peer is lost or unreachable).
   RequestPtr isend(const void* data, size_t bytes, const MessageTag& tag);
   RequestPtr irecv(void* data, size_t bytes, const MessageTag& tag);
+  // A receive of the peer's next message whatever its tag and size (at most `capacity`
+  // bytes), its buffer chosen by `choose` before a byte lands (MessageBook::postChosen); the
+  // request's received() says how much came. Host memory only.
+  RequestPtr irecvChosen(size_t capacity, Chooser choose);
   // Someone blocks on this send: once all of it is written, what is still kept for re-sending
   // is copied and the send completes, rather than waiting for the peer's acknowledgement.
   void waited(const RequestPtr& request);
@@ -231,6 +236,9 @@ class Messenger {
   // The message is whole: `source` (its staging buffer or a bounce; null when it landed in
   // place) is copied into the receive's buffer, and the receive completes.
   void completeIncomingLocked(Incoming& entry, const uint8_t* source);
+  // irecv and irecvChosen: `post` books the receive, unless the peer is gone already.
+  RequestPtr postReceive(const RequestPtr& op, const MessageTag& tag,
+                         FunctionRef<MessageBook::Posted(const RequestPtr&)> post);
   void sendAckLocked(LinkState& link, LinkState* via);
   void onByeLocked(LinkState& link, const FrameHeader& header);
   void onAbortLocked(const FrameHeader& header, const std::string& text);

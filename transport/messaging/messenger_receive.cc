@@ -169,6 +169,7 @@ void Messenger::completeIncomingLocked(Incoming& entry, const uint8_t* source) {
       std::memcpy(entry.user, source, entry.total);
     }
   }
+  entry.request->setReceived(entry.total);
   completeLocked(*entry.request);
 }
 

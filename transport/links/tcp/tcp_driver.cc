@@ -65,7 +65,11 @@ void TcpDriver::start() {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, link->fd(), &event);
   }
   progress_ = std::thread([this] { progressLoop(); });
-  if (!listeners_.empty()) keeper_ = std::thread([this] { keeperLoop(); });
+  // The keeper accepts re-dialled links on the listeners and dials failed links again: a side
+  // with no listener needs it too when it dials (the NCCL plugin's sending end).
+  bool dials = false;
+  for (TcpLink* link : links_) dials = dials || link->attributes().redials;
+  if (!listeners_.empty() || dials) keeper_ = std::thread([this] { keeperLoop(); });
 }
 
 void TcpDriver::wake() {

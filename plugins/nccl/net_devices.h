@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace railshard::plugins::nccl {
+
+// One network rail of this host as the plugin offers it: an interface with an IPv4 address.
+struct Rail {
+  std::string name;       // the interface: "rail0", "eth2"
+  std::string address;    // its IPv4 address
+  int prefix_length = 0;  // of its subnet
+  double gbps = 0;        // nominal (sysfs speed; RAILSHARD_NCCL_RAIL_GBPS overrides); 0 = unknown
+  std::string pci_path;   // /sys/devices/... of the NIC; "" for a virtual interface
+  uint64_t guid = 0;      // from the MAC address: NICs with one guid are one port to NCCL
+};
+
+// What NCCL sees as one network device: one rail, or one fused device over all of them.
+struct NetDevice {
+  std::string name;        // "railshard-rail0", "railshard-fused(rail0+rail1)"
+  std::vector<int> rails;  // indices into the rails
+  bool fused = false;
+};
+
+// Which devices to offer (RAILSHARD_NCCL_DEVICES): the fused one (one device striping over
+// every rail by measured rate: what NCCL cannot do itself), each rail alone (as NCCL's own
+// socket transport would), or both (rails first, the fused device last).
+enum class DeviceSet { kFused, kRails, kAll };
+
+struct DeviceOptions {
+  std::string interfaces;  // RAILSHARD_NCCL_RAILS: NCCL_SOCKET_IFNAME syntax; "" = every up one
+  DeviceSet set = DeviceSet::kFused;
+  std::vector<double> gbps;  // RAILSHARD_NCCL_RAIL_GBPS: nominal rate per rail, in rail order
+  std::string sysfs_root = "/sys";
+};
+
+// This host's rails: every up, non-loopback IPv4 interface the spec selects, by name.
+std::vector<Rail> findRails(const DeviceOptions& options);
+// The devices over `rails` (a single rail is offered alone whatever the set says).
+std::vector<NetDevice> makeDevices(const std::vector<Rail>& rails, DeviceSet set);
+
+// From the environment: RAILSHARD_NCCL_RAILS, RAILSHARD_NCCL_DEVICES, RAILSHARD_NCCL_RAIL_GBPS.
+// ConfigError naming the variable when a value is malformed.
+DeviceOptions deviceOptionsFromEnvironment();
+
+}  // namespace railshard::plugins::nccl

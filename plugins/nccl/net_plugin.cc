@@ -1,0 +1,387 @@
+// libnccl-net-railshard.so: NCCL's network-plugin entry points (net_api.h) over railshard's
+// rails. Every entry point catches what the layers below throw: an exception never crosses
+// into NCCL; it becomes a result code and a line through NCCL's logger.
+
+#include <spdlog/sinks/base_sink.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/logging.h"
+#include "plugins/nccl/connection_setup.h"
+#include "plugins/nccl/net_api.h"
+#include "plugins/nccl/net_comm.h"
+#include "plugins/nccl/net_devices.h"
+
+namespace railshard::plugins::nccl {
+namespace {
+
+// railshard's log lines, through the logger NCCL handed to init (NCCL_DEBUG decides what
+// shows, with NCCL's own prefix).
+class NcclSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit NcclSink(Logger logger) : logger_(logger) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& message) override {
+    const LogLevel level = message.level >= spdlog::level::warn   ? LogLevel::kWarn
+                           : message.level >= spdlog::level::info ? LogLevel::kInfo
+                                                                  : LogLevel::kTrace;
+    const std::string text(message.payload.data(), message.payload.size());
+    logger_(level, kLogNet, "railshard", 0, "railshard: %s", text.c_str());
+  }
+  void flush_() override {}
+
+ private:
+  Logger logger_;
+};
+
+// What the plugin knows once init ran: the rails and the devices over them.
+struct Plugin {
+  std::mutex mutex;
+  bool ready = false;
+  Logger logger = nullptr;
+  std::vector<Rail> rails;
+  std::vector<NetDevice> devices;
+  LinkConfig links;
+  Duration connect_timeout = std::chrono::seconds(60);
+};
+
+Plugin& plugin() {
+  static Plugin instance;
+  return instance;
+}
+
+void warn(const std::string& text) {
+  Logger logger = plugin().logger;
+  if (logger != nullptr)
+    logger(LogLevel::kWarn, kLogNet, "railshard", 0, "railshard: %s", text.c_str());
+}
+
+// Runs `body`, turning what it throws into NCCL's result: a lost peer or a broken network is
+// a system error, bad configuration invalid usage, anything else internal.
+template <typename Body>
+Result guarded(const char* what, Body&& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    warn(std::string(what) + ": " + e.what());
+    return Result::kInvalidUsage;
+  } catch (const InvalidArgument& e) {
+    warn(std::string(what) + ": " + e.what());
+    return Result::kInternalError;
+  } catch (const Error& e) {
+    warn(std::string(what) + ": " + e.what());
+    return Result::kSystemError;
+  } catch (const std::exception& e) {
+    warn(std::string(what) + ": " + e.what());
+    return Result::kInternalError;
+  }
+}
+
+const NetDevice* deviceAt(int dev) {
+  const auto& devices = plugin().devices;
+  if (dev < 0 || dev >= static_cast<int>(devices.size())) return nullptr;
+  return &devices[static_cast<size_t>(dev)];
+}
+
+Result init(Logger logger) {
+  Plugin& p = plugin();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.ready) return Result::kSuccess;
+  p.logger = logger;
+  return guarded("init", [&] {
+    const Config config = Config::fromEnvironment();
+    if (logger != nullptr) {
+      auto& l = log::logger();
+      l.sinks().clear();
+      l.sinks().push_back(std::make_shared<NcclSink>(logger));
+      l.set_level(spdlog::level::info);
+    }
+    p.links = config.links;
+    p.connect_timeout = config.connect_timeout;
+    const DeviceOptions options = deviceOptionsFromEnvironment();
+    p.rails = findRails(options);
+    if (p.rails.empty()) {
+      // NCCL then falls back to its own transports; say why.
+      warn("no rail: no up IPv4 interface matches RAILSHARD_NCCL_RAILS='" + options.interfaces +
+           "'");
+      return Result::kSystemError;
+    }
+    if (static_cast<int>(p.rails.size()) > ListenHandle::kMaxRails)
+      p.rails.resize(ListenHandle::kMaxRails);
+    p.devices = makeDevices(p.rails, options.set);
+    std::string names;
+    for (const auto& d : p.devices) names += (names.empty() ? "" : ", ") + d.name;
+    if (logger != nullptr) {
+      logger(LogLevel::kInfo, kLogInit | kLogNet, "railshard", 0, "railshard: devices %s",
+             names.c_str());
+    }
+    p.ready = true;
+    return Result::kSuccess;
+  });
+}
+
+Result devices(int* ndev) {
+  *ndev = static_cast<int>(plugin().devices.size());
+  return Result::kSuccess;
+}
+
+void fillProperties(int dev, const NetDevice& device, PropertiesV10& props) {
+  const auto& rails = plugin().rails;
+  std::memset(&props, 0, sizeof(props));
+  props.name = const_cast<char*>(device.name.c_str());
+  const Rail& first = rails[static_cast<size_t>(device.rails.front())];
+  props.pci_path = first.pci_path.empty() ? nullptr : const_cast<char*>(first.pci_path.c_str());
+  double gbps = 0;
+  uint64_t guid = 0;
+  for (int r : device.rails) {
+    gbps += rails[static_cast<size_t>(r)].gbps;
+    guid = guid * 31 + rails[static_cast<size_t>(r)].guid;
+  }
+  props.guid = device.fused ? (guid | (uint64_t{1} << 63)) : guid;
+  props.ptr_support = kPtrHost;
+  props.speed = gbps > 0 ? static_cast<int>(gbps * 1000) : 10000;  // Mbit/s
+  props.port = 1;
+  props.latency = 0;  // NCCL's default
+  props.max_comms = 65536;
+  props.max_recvs = NetComm::kMaxRecvs;
+  props.vprops.ndevs = 1;
+  props.vprops.devs[0] = dev;
+  props.max_p2p_bytes = size_t{1} << 30;
+  props.max_coll_bytes = size_t{1} << 30;
+}
+
+Result getPropertiesV10(int dev, PropertiesV10* props) {
+  const NetDevice* device = deviceAt(dev);
+  if (device == nullptr) return Result::kInternalError;
+  fillProperties(dev, *device, *props);
+  return Result::kSuccess;
+}
+
+Result getPropertiesV11(int dev, PropertiesV11* props) {
+  const NetDevice* device = deviceAt(dev);
+  if (device == nullptr) return Result::kInternalError;
+  fillProperties(dev, *device, props->base);
+  props->max_multi_request_size = 1;
+  return Result::kSuccess;
+}
+
+Result getPropertiesV8(int dev, PropertiesV8* props) {
+  PropertiesV10 v10;
+  if (Result r = getPropertiesV10(dev, &v10); r != Result::kSuccess) return r;
+  std::memset(props, 0, sizeof(*props));
+  props->name = v10.name;
+  props->pci_path = v10.pci_path;
+  props->guid = v10.guid;
+  props->ptr_support = v10.ptr_support;
+  props->speed = v10.speed;
+  props->port = v10.port;
+  props->latency = v10.latency;
+  props->max_comms = v10.max_comms;
+  props->max_recvs = v10.max_recvs;
+  return Result::kSuccess;
+}
+
+// A listen comm: the acceptor of the device's rails.
+struct ListenComm {
+  std::unique_ptr<Acceptor> acceptor;
+};
+
+// A connect in progress lives in the handle's local tail between NCCL's retries.
+Result listen(int dev, void* handle, void** listen_comm) {
+  *listen_comm = nullptr;
+  return guarded("listen", [&] {
+    const NetDevice* device = deviceAt(dev);
+    if (device == nullptr) throw InvalidArgument("listen on device " + std::to_string(dev));
+    auto comm = std::make_unique<ListenComm>();
+    comm->acceptor =
+        std::make_unique<Acceptor>(plugin().rails, device->rails, std::chrono::seconds(5));
+    std::memcpy(handle, &comm->acceptor->handle(), sizeof(ListenHandle));
+    *listen_comm = comm.release();
+    return Result::kSuccess;
+  });
+}
+
+Result connect(int dev, void* handle, void** send_comm, DeviceHandle** /*send_dev_comm*/) {
+  *send_comm = nullptr;
+  auto* h = static_cast<ListenHandle*>(handle);
+  return guarded("connect", [&] {
+    const NetDevice* device = deviceAt(dev);
+    if (device == nullptr) throw InvalidArgument("connect on device " + std::to_string(dev));
+    if (h->pending == nullptr) {
+      if (std::string why = checkHandle(*h); !why.empty()) {
+        // Stale or corrupt (or another plugin's): refused, nothing dialled.
+        warn("connect: the handle cannot be used: " + why);
+        return Result::kInvalidUsage;
+      }
+      std::vector<Rail> rails;
+      for (int r : device->rails) rails.push_back(plugin().rails[static_cast<size_t>(r)]);
+      h->pending = new PendingConnect(*h, rails, plugin().connect_timeout);
+    }
+    auto* pending = static_cast<PendingConnect*>(h->pending);
+    bool done = false;
+    try {
+      done = pending->progress();
+    } catch (...) {
+      delete pending;
+      h->pending = nullptr;
+      throw;
+    }
+    if (!done) return Result::kSuccess;  // NULL comm: NCCL calls again
+    Established established = pending->take();
+    delete pending;
+    h->pending = nullptr;
+    *send_comm = new NetComm(true, std::move(established), plugin().links);
+    return Result::kSuccess;
+  });
+}
+
+Result accept(void* listen_comm, void** recv_comm, DeviceHandle** /*recv_dev_comm*/) {
+  *recv_comm = nullptr;
+  return guarded("accept", [&] {
+    auto* comm = static_cast<ListenComm*>(listen_comm);
+    std::optional<Established> established = comm->acceptor->progress();
+    if (established) *recv_comm = new NetComm(false, std::move(*established), plugin().links);
+    return Result::kSuccess;
+  });
+}
+
+// Host memory over TCP needs no registration: a handle that says so.
+Result regMr(void* /*comm*/, void* /*data*/, size_t /*size*/, int type, void** mhandle) {
+  if (type != kPtrHost) {
+    warn("regMr: only host memory (NCCL_PTR_HOST) on TCP rails");
+    return Result::kInternalError;
+  }
+  static int host_memory = 0;
+  *mhandle = &host_memory;
+  return Result::kSuccess;
+}
+
+Result deregMr(void* /*comm*/, void* /*mhandle*/) {
+  return Result::kSuccess;
+}
+
+Result isendSized(void* send_comm, void* data, size_t size, int tag, void** request) {
+  *request = nullptr;
+  return guarded("isend", [&] {
+    *request = static_cast<NetComm*>(send_comm)->isend(data, size, tag);
+    return Result::kSuccess;
+  });
+}
+
+Result irecvSized(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** request) {
+  *request = nullptr;
+  return guarded("irecv", [&] {
+    *request = static_cast<NetComm*>(recv_comm)->irecv(n, data, sizes, tags);
+    return Result::kSuccess;
+  });
+}
+
+Result iflush(void*, int, void**, int*, void**, void** request) {
+  *request = nullptr;  // host memory: nothing to flush
+  return Result::kSuccess;
+}
+
+Result test(void* request, int* done, int* sizes) {
+  *done = 0;
+  return guarded("test", [&] {
+    *done = testRequest(request, sizes) ? 1 : 0;
+    return Result::kSuccess;
+  });
+}
+
+Result closeComm(void* comm) {
+  return guarded("close", [&] {
+    delete static_cast<NetComm*>(comm);
+    return Result::kSuccess;
+  });
+}
+
+Result closeListen(void* listen_comm) {
+  delete static_cast<ListenComm*>(listen_comm);
+  return Result::kSuccess;
+}
+
+// --- the versions NCCL looks for ---
+
+Result isendV8(void* c, void* data, int size, int tag, void*, void** request) {
+  return isendSized(c, data, static_cast<size_t>(size), tag, request);
+}
+Result irecvV8(void* c, int n, void** data, int* sizes, int* tags, void**, void** request) {
+  if (n < 1 || n > NetComm::kMaxRecvs) return Result::kInternalError;
+  size_t wide[NetComm::kMaxRecvs];
+  for (int i = 0; i < n; ++i) wide[i] = static_cast<size_t>(sizes[i]);
+  return irecvSized(c, n, data, wide, tags, request);
+}
+Result isendV9(void* c, void* data, size_t size, int tag, void*, void** request) {
+  return isendSized(c, data, size, tag, request);
+}
+Result irecvV9(void* c, int n, void** data, size_t* sizes, int* tags, void**, void** request) {
+  return irecvSized(c, n, data, sizes, tags, request);
+}
+Result isendV10(void* c, void* data, size_t size, int tag, void*, void*, void** request) {
+  return isendSized(c, data, size, tag, request);
+}
+Result irecvV10(void* c, int n, void** data, size_t* sizes, int* tags, void**, void**,
+                void** request) {
+  return irecvSized(c, n, data, sizes, tags, request);
+}
+Result initV10(Logger logger, ProfilerCallback) {
+  return init(logger);
+}
+Result connectV10(int dev, CommConfig*, void* handle, void** send_comm, DeviceHandle** d) {
+  return connect(dev, handle, send_comm, d);
+}
+Result initV11(void** ctx, uint64_t, CommConfig*, Logger logger, ProfilerCallback) {
+  *ctx = &plugin();  // one plugin state for every NCCL communicator of the process
+  return init(logger);
+}
+Result listenV11(void*, int dev, void* handle, void** listen_comm) {
+  return listen(dev, handle, listen_comm);
+}
+Result connectV11(void*, int dev, void* handle, void** send_comm, DeviceHandle** d) {
+  return connect(dev, handle, send_comm, d);
+}
+Result finalizeV11(void*) {
+  return Result::kSuccess;
+}
+
+}  // namespace
+}  // namespace railshard::plugins::nccl
+
+namespace rn = railshard::plugins::nccl;
+
+extern "C" {
+
+__attribute__((visibility("default"))) rn::NetV8 ncclNetPlugin_v8 = {
+    "railshard", rn::init,  rn::devices,   rn::getPropertiesV8, rn::listen,      rn::connect,
+    rn::accept,  rn::regMr, nullptr,       rn::deregMr,         rn::isendV8,     rn::irecvV8,
+    rn::iflush,  rn::test,  rn::closeComm, rn::closeComm,       rn::closeListen, nullptr,
+    nullptr};
+
+__attribute__((visibility("default"))) rn::NetV9 ncclNetPlugin_v9 = {
+    "railshard", rn::init,  rn::devices,   rn::getPropertiesV10, rn::listen,      rn::connect,
+    rn::accept,  rn::regMr, nullptr,       rn::deregMr,          rn::isendV9,     rn::irecvV9,
+    rn::iflush,  rn::test,  rn::closeComm, rn::closeComm,        rn::closeListen, nullptr,
+    nullptr,     nullptr};
+
+__attribute__((visibility("default"))) rn::NetV10 ncclNetPlugin_v10 = {
+    "railshard", rn::initV10, rn::devices,   rn::getPropertiesV10, rn::listen,      rn::connectV10,
+    rn::accept,  rn::regMr,   nullptr,       rn::deregMr,          rn::isendV10,    rn::irecvV10,
+    rn::iflush,  rn::test,    rn::closeComm, rn::closeComm,        rn::closeListen, nullptr,
+    nullptr,     nullptr};
+
+__attribute__((visibility("default"))) rn::NetV11 ncclNetPlugin_v11 = {
+    "railshard",     rn::initV11,    rn::devices,   rn::getPropertiesV11,
+    rn::listenV11,   rn::connectV11, rn::accept,    rn::regMr,
+    nullptr,         rn::deregMr,    rn::isendV10,  rn::irecvV10,
+    rn::iflush,      rn::test,       rn::closeComm, rn::closeComm,
+    rn::closeListen, nullptr,        nullptr,       nullptr,
+    rn::finalizeV11, nullptr};
+
+}  // extern "C"
