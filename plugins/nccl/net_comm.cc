@@ -1,6 +1,7 @@
 #include "plugins/nccl/net_comm.h"
 
 #include "base/error.h"
+#include "base/logging.h"
 #include "transport/links/tcp/tcp_mesh.h"
 
 namespace railshard::plugins::nccl {
@@ -71,7 +72,14 @@ NetComm::NetComm(bool sender, Established established, const LinkConfig& links)
   mesh_->start(tcp::tickPeriod(links));
 }
 
-NetComm::~NetComm() = default;
+NetComm::~NetComm() {
+  // What each rail carried, for whoever reads NCCL's INFO log (NCCL_DEBUG=INFO).
+  for (const auto& rail : mesh_->rails()) {
+    RS_LOG_INFO("NCCL {} comm with {}: {} carried {} bytes, {:.3f} Gbit/s estimated, {}{}",
+                sender_ ? "send" : "recv", peer_, rail.name, rail.bytes_sent, rail.gbps,
+                rail.up ? "up" : "down: ", rail.down_reason);
+  }
+}
 
 void* NetComm::isend(const void* data, size_t size, int tag) {
   auto request = std::make_unique<Request>();
