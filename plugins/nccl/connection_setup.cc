@@ -40,6 +40,12 @@ bool sameSubnet(uint32_t a, uint32_t b, int prefix_length) {
   return (ntohl(a) & mask) == (ntohl(b) & mask);
 }
 
+// ".IE": a sender's RDMA layers as its token ends (at most one per handle slot).
+bool validLayers(const std::string& tail) {
+  if (tail.size() < 2 || tail.size() > 1 + ListenHandle::kMaxRails || tail[0] != '.') return false;
+  return tail.find_first_not_of("IE", 1) == std::string::npos;
+}
+
 // A non-blocking socket bound to `local` and connecting to `remote`:`port`.
 tcp::Fd startConnect(const std::string& local, const std::string& remote, uint16_t port) {
   tcp::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -72,13 +78,18 @@ std::string connectionToken(uint64_t nonce, uint64_t connection) {
 
 PendingConnect::PendingConnect(const ListenHandle& handle, const std::vector<Rail>& rails,
                                Duration timeout)
-    : token_(connectionToken(handle.nonce, randomWord())), deadline_(deadlineAfter(timeout)) {
+    : token_(connectionToken(handle.nonce, randomWord())),
+      their_layers_(handleLayers(handle)),
+      deadline_(deadlineAfter(timeout)) {
+  // The RDMA rails' layers ride in the hellos' token: the receiver pairs its lanes with them.
+  if (const std::string mine = rdmaLayers(rails); !mine.empty()) token_ += "." + mine;
   std::vector<bool> used(rails.size(), false);
   for (int r = 0; r < handle.rails; ++r) {
     const HandleRail& theirs = handle.rail[r];
     for (size_t i = 0; i < rails.size(); ++i) {
       const uint32_t mine = ipv4Of(rails[i].address);
-      if (used[i] || !sameSubnet(mine, theirs.ipv4, rails[i].prefix_length)) continue;
+      if (used[i] || rails[i].rdma || !sameSubnet(mine, theirs.ipv4, rails[i].prefix_length))
+        continue;
       used[i] = true;
       Socket socket;
       socket.name = rails[i].name;
@@ -94,7 +105,9 @@ PendingConnect::PendingConnect(const ListenHandle& handle, const std::vector<Rai
     std::string theirs;
     for (int r = 0; r < handle.rails; ++r) theirs += (r ? ", " : "") + railAddress(handle.rail[r]);
     std::string mine;
-    for (const Rail& rail : rails) mine += (mine.empty() ? "" : ", ") + rail.address;
+    for (const Rail& rail : rails) {
+      if (!rail.rdma) mine += (mine.empty() ? "" : ", ") + rail.address;
+    }
     throw PeerLostError("no rail of this host (" + mine +
                         ") shares a subnet with the receiver's (" + theirs + ")");
   }
@@ -177,6 +190,7 @@ Established PendingConnect::take() {
   Established established;
   established.token = token_;
   established.peer = sockets_.front().remote;
+  established.peer_layers = their_layers_;
   for (size_t i = 0; i < sockets_.size(); ++i) {
     Socket& socket = sockets_[i];
     tcp::Connection c;
@@ -196,13 +210,20 @@ Established PendingConnect::take() {
 
 Acceptor::Acceptor(const std::vector<Rail>& rails, const std::vector<int>& device_rails,
                    Duration hello_timeout)
-    : rails_(rails), device_rails_(device_rails), hello_timeout_(hello_timeout) {
+    : rails_(rails), hello_timeout_(hello_timeout) {
   handle_.nonce = randomWord();
   handle_.fused = device_rails.size() > 1 ? 1 : 0;
+  int layers = 0;
   for (int index : device_rails) {
     const Rail& rail = rails[static_cast<size_t>(index)];
+    if (rail.rdma) {
+      // Its lane connects by records over the TCP rails: the handle says only its layer.
+      if (layers < ListenHandle::kMaxRails) handle_.layers[layers++] = rail.layer;
+      continue;
+    }
     tcp::Fd fd = tcp::listenOn(tcp::resolve(rail.address + ":0", "rail " + rail.name));
     tcp::setNonBlocking(fd.get(), true);
+    listened_rails_.push_back(index);
     HandleRail& slot = handle_.rail[handle_.rails++];
     slot.ipv4 = ipv4Of(rail.address);
     slot.port = tcp::localAddress(fd.get()).port();
@@ -268,8 +289,11 @@ std::optional<Established> Acceptor::progress() {
     try {
       const tcp::ReceivedHello received = tcp::parseHello(incoming.bytes);
       const std::string& token = received.token;
-      if (token.size() != 33 || !tcp::constantTimeEquals(token.substr(0, 16), nonce)) {
+      if (token.size() < 33 || !tcp::constantTimeEquals(token.substr(0, 16), nonce)) {
         throw ProtocolError("not for this listen comm (stale or foreign nonce)");
+      }
+      if (token.size() > 33 && !validLayers(token.substr(33))) {
+        throw ProtocolError("its token names no RDMA layers after the connection number");
       }
       if (auto why = tcp::checkHello(received.hello, token, token, 0, 2); !why.empty()) {
         throw ProtocolError(why);
@@ -296,9 +320,10 @@ std::optional<Established> Acceptor::progress() {
 std::optional<Established> Acceptor::complete(const std::string& token, Gathered& gathered) {
   Established established;
   established.token = token;
+  if (token.size() > 34) established.peer_layers = token.substr(34);
   for (auto& [channel, incoming] : gathered.by_channel) {
     const Rail& rail =
-        rails_[static_cast<size_t>(device_rails_[static_cast<size_t>(incoming.rail)])];
+        rails_[static_cast<size_t>(listened_rails_[static_cast<size_t>(incoming.rail)])];
     // Where this comm takes the rail back should it fail: a listener of its own on the rail.
     auto listener = std::make_unique<tcp::Listener>();
     listener->ip = rail.address;

@@ -35,7 +35,8 @@ struct Established {
   std::vector<tcp::Connection> connections;
   std::vector<std::unique_ptr<tcp::Listener>> listeners;  // the receiver's, for re-dials
   std::string token;
-  std::string peer;  // "10.200.0.2 (rail0)" for messages
+  std::string peer;         // "10.200.0.2 (rail0)" for messages
+  std::string peer_layers;  // the peer's RDMA rails' layers ("" when it has none)
 };
 
 // "<nonce>.<connection>" in hex: what every hello of one connection carries, and its
@@ -44,7 +45,8 @@ std::string connectionToken(uint64_t nonce, uint64_t connection);
 
 // The sending side's connect, one step per call (NCCL's connect() must not block): a socket
 // to the receiver on each rail the two hosts share, a hello on each, then the receiver's
-// answer on each. Rails are paired by subnet (a remote rail with no local rail in its subnet
+// answer on each (RDMA rails among `rails` connect later, by records over these). Rails are
+// paired by subnet (a remote rail with no local rail in its subnet
 // is left out); ProtocolError / TimeoutError / PeerLostError say what failed.
 class PendingConnect {
  public:
@@ -72,6 +74,7 @@ class PendingConnect {
 
   std::vector<Socket> sockets_;
   std::string token_;
+  std::string their_layers_;
   Deadline deadline_;
 };
 
@@ -105,7 +108,7 @@ class Acceptor {
   std::optional<Established> complete(const std::string& token, Gathered& gathered);
 
   const std::vector<Rail>& rails_;
-  std::vector<int> device_rails_;
+  std::vector<int> listened_rails_;  // by listening socket: its rail (the device's TCP rails)
   std::vector<tcp::Fd> listeners_;
   ListenHandle handle_;
   Duration hello_timeout_;

@@ -19,7 +19,20 @@ std::string checkHandle(const ListenHandle& handle) {
       return "handle rail " + std::to_string(i) + " has no address";
     }
   }
+  for (int i = 0; i < ListenHandle::kMaxRails && handle.layers[i] != 0; ++i) {
+    if (handle.layers[i] != 'I' && handle.layers[i] != 'E') {
+      return "handle RDMA rail " + std::to_string(i) + " has no link layer";
+    }
+  }
   return "";
+}
+
+std::string handleLayers(const ListenHandle& handle) {
+  std::string layers;
+  for (int i = 0; i < ListenHandle::kMaxRails && handle.layers[i] != 0; ++i) {
+    layers += handle.layers[i];
+  }
+  return layers;
 }
 
 std::string railAddress(const HandleRail& rail) {

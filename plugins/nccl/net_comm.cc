@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "base/logging.h"
+#include "plugins/nccl/rdma_rails.h"
 #include "transport/links/tcp/tcp_mesh.h"
 
 namespace railshard::plugins::nccl {
@@ -43,7 +44,7 @@ transport::MessageTag ncclTag(int tag) {
   return t;
 }
 
-NetComm::NetComm(bool sender, Established established, const LinkConfig& links)
+NetComm::NetComm(bool sender, Established established, const CommOptions& comm)
     : sender_(sender), peer_(std::move(established.peer)) {
   namespace tcp = transport::links::tcp;
   const int rank = sender ? 1 : 0;
@@ -62,14 +63,32 @@ NetComm::NetComm(bool sender, Established established, const LinkConfig& links)
   messaging::MessengerOptions options;
   options.peer = 1 - rank;
   options.peer_address = peer_;
-  options.links = links;
+  options.links = comm.links;
   options.initiator = sender;  // it dialled the connections, it dials them again
   auto messenger = std::make_unique<messaging::Messenger>(mesh_->group(), options);
-  tcp::addLinks(*driver, *messenger, options.peer, established.connections, true);
+  // Lanes pair rail r with rail r while the layers agree (RdmaDriver::makeLanes): none when
+  // the first differs, and then the TCP connections must carry the data after all.
+  const std::string mine = rdmaLayers(comm.rdma_rails);
+  const std::string& theirs = established.peer_layers;
+  const bool lanes = !mine.empty() && !theirs.empty() && mine[0] == theirs[0];
+  tcp::addLinks(*driver, *messenger, options.peer, established.connections,
+                comm.tcp_data || !lanes);
+  std::unique_ptr<transport::links::Driver> rdma;
+  if (lanes) {
+    rdma = addRdmaLanes(*messenger, comm.rdma_rails, theirs, comm.rdma, rank, mesh_->failure());
+  }
+  messaging::Messenger* m = messenger.get();
   mesh_->addMessenger(std::move(messenger));
+  // The RDMA driver first: its completion queues must exist before the TCP connections
+  // deliver the peer's records for the lanes.
+  if (rdma) rdma->start();
   driver->start();
   mesh_->addDriver(std::move(driver));
-  mesh_->start(tcp::tickPeriod(links));
+  if (rdma) mesh_->addDriver(std::move(rdma));
+  mesh_->start(tcp::tickPeriod(comm.links));
+  // Connected now, not waited for (NCCL's connect must not block): until a lane is up the
+  // scheduler counts it down and the TCP connections carry everything.
+  if (lanes) m->connect();
 }
 
 NetComm::~NetComm() {

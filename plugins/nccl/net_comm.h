@@ -8,6 +8,7 @@
 #include "base/config.h"
 #include "plugins/nccl/connection_setup.h"
 #include "plugins/nccl/net_api.h"
+#include "plugins/nccl/net_devices.h"
 #include "transport/messaging/mesh.h"
 
 namespace railshard::plugins::nccl {
@@ -15,16 +16,24 @@ namespace railshard::plugins::nccl {
 // One end of an NCCL connection (NCCL's connections go one way: a send comm on one host, a
 // recv comm on the other): the two ends are ranks 1 and 0 of a group of two, with one
 // messenger between them over a TCP link per rail — the same messenger the communicator
-// uses, so NCCL's traffic is striped by measured rate, re-sent exactly on the rails left when
-// one fails, and the rail taken back when it returns. Requests are NCCL's: a send of one
-// buffer, a receive of up to maxRecvs buffers told apart by tag, each buffer possibly larger
-// than what arrives.
+// uses, plus an RDMA lane per HCA port the two share, so NCCL's traffic is striped by measured
+// rate, re-sent exactly on the rails left when one fails, and the rail taken back when it returns.
+// Requests are NCCL's: a send of one buffer, a receive of up to maxRecvs buffers told apart by tag,
+// each buffer possibly larger than what arrives. How a comm's links are made: the device's RDMA
+// rails beside its TCP connections.
+struct CommOptions {
+  LinkConfig links;
+  RdmaConfig rdma;
+  std::vector<Rail> rdma_rails;  // the device's, in order (a lane each the peer shares)
+  bool tcp_data = true;          // false: its TCP connections carry control only
+};
+
 class NetComm {
  public:
   // The largest grouped receive (properties.maxRecvs).
   static constexpr int kMaxRecvs = 8;
 
-  NetComm(bool sender, Established established, const LinkConfig& links);
+  NetComm(bool sender, Established established, const CommOptions& options);
   ~NetComm();  // says goodbye behind what is queued; bounded (the mesh's linger)
   NetComm(const NetComm&) = delete;
   NetComm& operator=(const NetComm&) = delete;

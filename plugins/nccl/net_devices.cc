@@ -57,13 +57,23 @@ std::vector<Rail> findRails(const DeviceOptions& options) {
 
 std::vector<NetDevice> makeDevices(const std::vector<Rail>& rails, DeviceSet set) {
   std::vector<NetDevice> devices;
+  std::vector<int> tcp;
+  for (size_t i = 0; i < rails.size(); ++i) {
+    if (!rails[i].rdma) tcp.push_back(static_cast<int>(i));
+  }
+  if (tcp.empty()) return devices;  // nothing to carry an RDMA rail's records
   const bool alone = rails.size() == 1;
   if (set != DeviceSet::kFused || alone) {
     for (size_t i = 0; i < rails.size(); ++i) {
-      devices.push_back(NetDevice{"railshard-" + rails[i].name, {static_cast<int>(i)}, false});
+      NetDevice device{"railshard-" + rails[i].name, {static_cast<int>(i)}, false, true};
+      if (rails[i].rdma) {
+        device.rails.insert(device.rails.end(), tcp.begin(), tcp.end());
+        device.tcp_data = false;
+      }
+      devices.push_back(std::move(device));
     }
   }
-  if (set != DeviceSet::kRails && !alone && !rails.empty()) {
+  if (set != DeviceSet::kRails && !alone) {
     NetDevice fused;
     fused.fused = true;
     fused.name = "railshard-fused(";
@@ -75,6 +85,14 @@ std::vector<NetDevice> makeDevices(const std::vector<Rail>& rails, DeviceSet set
     devices.push_back(std::move(fused));
   }
   return devices;
+}
+
+std::string rdmaLayers(const std::vector<Rail>& rails) {
+  std::string layers;
+  for (const Rail& rail : rails) {
+    if (rail.rdma) layers += rail.layer;
+  }
+  return layers;
 }
 
 DeviceOptions deviceOptionsFromEnvironment() {
@@ -91,6 +109,13 @@ DeviceOptions deviceOptionsFromEnvironment() {
     } else {
       throw ConfigError("RAILSHARD_NCCL_DEVICES='" + value + "': expected fused, rails or all");
     }
+  }
+  if (const char* rdma = std::getenv("RAILSHARD_NCCL_RDMA")) {
+    const std::string value = rdma;
+    if (value != "0" && value != "1") {
+      throw ConfigError("RAILSHARD_NCCL_RDMA='" + value + "': expected 1 (offer HCA ports) or 0");
+    }
+    options.rdma = value == "1";
   }
   if (const char* gbps = std::getenv("RAILSHARD_NCCL_RAIL_GBPS")) {
     std::istringstream in(gbps);

@@ -16,6 +16,7 @@
 #include "plugins/nccl/net_api.h"
 #include "plugins/nccl/net_comm.h"
 #include "plugins/nccl/net_devices.h"
+#include "plugins/nccl/rdma_rails.h"
 
 namespace railshard::plugins::nccl {
 namespace {
@@ -48,6 +49,7 @@ struct Plugin {
   std::vector<Rail> rails;
   std::vector<NetDevice> devices;
   LinkConfig links;
+  RdmaConfig rdma;
   Duration connect_timeout = std::chrono::seconds(60);
 };
 
@@ -103,6 +105,11 @@ Result init(Logger logger) {
       l.set_level(spdlog::level::info);
     }
     p.links = config.links;
+    p.rdma = config.rdma;
+    // Staged through the lanes' registered rings: NCCL's buffers are not registered with the
+    // HCA (ptrSupport HOST; GPUDirect is not built yet, docs/nccl-plugin.md).
+    p.rdma.rendezvous_auto = false;
+    p.rdma.rendezvous_bytes = 0;
     p.connect_timeout = config.connect_timeout;
     const DeviceOptions options = deviceOptionsFromEnvironment();
     p.rails = findRails(options);
@@ -114,6 +121,12 @@ Result init(Logger logger) {
     }
     if (static_cast<int>(p.rails.size()) > ListenHandle::kMaxRails)
       p.rails.resize(ListenHandle::kMaxRails);
+    if (options.rdma) {
+      std::vector<Rail> rdma = findRdmaRails(p.rdma);
+      if (static_cast<int>(rdma.size()) > ListenHandle::kMaxRails)
+        rdma.resize(ListenHandle::kMaxRails);
+      p.rails.insert(p.rails.end(), rdma.begin(), rdma.end());
+    }
     p.devices = makeDevices(p.rails, options.set);
     std::string names;
     for (const auto& d : p.devices) names += (names.empty() ? "" : ", ") + d.name;
@@ -140,6 +153,7 @@ void fillProperties(int dev, const NetDevice& device, PropertiesV10& props) {
   double gbps = 0;
   uint64_t guid = 0;
   for (int r : device.rails) {
+    if (!device.tcp_data && !rails[static_cast<size_t>(r)].rdma) continue;  // control only
     gbps += rails[static_cast<size_t>(r)].gbps;
     guid = guid * 31 + rails[static_cast<size_t>(r)].guid;
   }
@@ -190,7 +204,21 @@ Result getPropertiesV8(int dev, PropertiesV8* props) {
 // A listen comm: the acceptor of the device's rails.
 struct ListenComm {
   std::unique_ptr<Acceptor> acceptor;
+  int dev = 0;
 };
+
+// How a comm on `device` makes its links.
+CommOptions commOptions(const NetDevice& device) {
+  CommOptions options;
+  options.links = plugin().links;
+  options.rdma = plugin().rdma;
+  options.tcp_data = device.tcp_data;
+  for (int r : device.rails) {
+    const Rail& rail = plugin().rails[static_cast<size_t>(r)];
+    if (rail.rdma) options.rdma_rails.push_back(rail);
+  }
+  return options;
+}
 
 // A connect in progress lives in the handle's local tail between NCCL's retries.
 Result listen(int dev, void* handle, void** listen_comm) {
@@ -199,6 +227,7 @@ Result listen(int dev, void* handle, void** listen_comm) {
     const NetDevice* device = deviceAt(dev);
     if (device == nullptr) throw InvalidArgument("listen on device " + std::to_string(dev));
     auto comm = std::make_unique<ListenComm>();
+    comm->dev = dev;
     comm->acceptor =
         std::make_unique<Acceptor>(plugin().rails, device->rails, std::chrono::seconds(5));
     std::memcpy(handle, &comm->acceptor->handle(), sizeof(ListenHandle));
@@ -236,7 +265,7 @@ Result connect(int dev, void* handle, void** send_comm, DeviceHandle** /*send_de
     Established established = pending->take();
     delete pending;
     h->pending = nullptr;
-    *send_comm = new NetComm(true, std::move(established), plugin().links);
+    *send_comm = new NetComm(true, std::move(established), commOptions(*device));
     return Result::kSuccess;
   });
 }
@@ -246,7 +275,9 @@ Result accept(void* listen_comm, void** recv_comm, DeviceHandle** /*recv_dev_com
   return guarded("accept", [&] {
     auto* comm = static_cast<ListenComm*>(listen_comm);
     std::optional<Established> established = comm->acceptor->progress();
-    if (established) *recv_comm = new NetComm(false, std::move(*established), plugin().links);
+    if (established) {
+      *recv_comm = new NetComm(false, std::move(*established), commOptions(*deviceAt(comm->dev)));
+    }
     return Result::kSuccess;
   });
 }
