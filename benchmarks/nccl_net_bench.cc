@@ -5,7 +5,9 @@
 // connection with --inflight requests in flight on each (NCCL_STEPS = 8), as NCCL's channels
 // do. Every byte is checked on arrival against the pattern its sender wrote. Both print
 //   result role=R comms=C bytes=B seconds=S gbps=G
-//   timeline t=T gbps=G          (every --window-ms, payload delivered in that window)
+//   timeline t=T epoch=E gbps=G  (every --window-ms, payload delivered in the window ending
+//                                 T s after the start, E on the system clock)
+// and the plugin's log lines behind "[E] " (NCCL_DEBUG=INFO's lines, timed).
 // Any plugin that exports ncclNetPlugin_v11 works (--plugin PATH), e.g. to compare railshard's
 // fused device with another. docs/nccl-plugin.md has the figures and the commands.
 #include <dlfcn.h>
@@ -46,8 +48,16 @@ struct Options {
   std::exit(1);
 }
 
+// Seconds since the epoch: the clock the timeline, the log lines and a script that takes a rail
+// down share (benchmarks/nccl_plugin_rail_down.sh).
+double epochSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 void logLine(nccl::LogLevel level, unsigned long, const char*, int, const char* format, ...) {
   if (level > nccl::LogLevel::kInfo) return;
+  std::fprintf(stderr, "[%.3f] ", epochSeconds());
   va_list args;
   va_start(args, format);
   std::vfprintf(stderr, format, args);
@@ -109,6 +119,7 @@ void fill(std::vector<uint8_t>& buffer, int comm, int message) {
 // Payload delivered per window since the start, for the timeline.
 struct Timeline {
   Clock::time_point start = Clock::now();
+  double start_epoch = epochSeconds();
   int window_ms = 250;
   std::vector<uint64_t> bytes;
   void add(uint64_t n) {
@@ -120,7 +131,8 @@ struct Timeline {
   }
   void print() const {
     for (size_t w = 0; w < bytes.size(); ++w) {
-      std::printf("timeline t=%.3f gbps=%.4f\n", (w + 1) * window_ms / 1000.0,
+      const double end = (w + 1) * window_ms / 1000.0;
+      std::printf("timeline t=%.3f epoch=%.3f gbps=%.4f\n", end, start_epoch + end,
                   bytes[w] * 8.0 / (window_ms / 1000.0) / 1e9);
     }
   }

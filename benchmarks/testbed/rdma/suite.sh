@@ -4,6 +4,7 @@
 #   1. tests/rdma_rxe_test: every collective x dtype over real verbs, 2 and 3 hosts, 1 and 2
 #      rails, RDMA and TCP striped together, a rail taken down mid all-reduce, every rail down;
 #   2. railshard-launch on two hosts (--nnodes 2), 2 ranks each, collective_check over RDMA;
+#      the NCCL plugin's fused device over an rxe rail and a TCP rail (nccl_net_bench);
 #   3. with --jobs: jobs of separate processes (tests/collective_check), one network, UTS and
 #      mount namespace per host: 2 hosts x 1 rank, 2 hosts x 2 ranks (shared memory inside a
 #      host, RDMA between), 3 hosts, and a killed rank that every survivor names;
@@ -96,6 +97,35 @@ launched() {
   done
 }
 step "railshard-launch on 2 hosts x 2 ranks" launched
+
+# 2b. The NCCL network plugin (plugins/nccl) between two hosts, as NCCL's proxy drives it
+# (nccl_net_bench: 2 connections, 8 requests in flight each, every byte checked): its fused
+# device over host h's rxe rail (h<h>r0) and its TCP interface eth0; both must carry bytes.
+nccl_plugin() {
+  local handles=/tmp/nccl_plugin_handles.$$ out0=/tmp/nccl_plugin_recv.log
+  local out1=/tmp/nccl_plugin_send.log rc0 rc1 rail
+  rm -f "$handles"
+  local args=(--plugin "$build/plugins/nccl/libnccl-net-railshard.so" --handle-file "$handles"
+    --comms 2 --bytes 1048576 --messages 24)
+  RXE_RAILS=1 RAILSHARD_NCCL_RAILS==eth0 timeout 240 "$hosts" run 0 \
+    "$build/benchmarks/nccl_net_bench" --role recv "${args[@]}" >"$out0" 2>&1 &
+  local receiver=$!
+  RXE_RAILS=1 RAILSHARD_NCCL_RAILS==eth0 timeout 240 "$hosts" run 1 \
+    "$build/benchmarks/nccl_net_bench" --role send "${args[@]}" >"$out1" 2>&1
+  rc1=$?
+  wait "$receiver"
+  rc0=$?
+  rm -f "$handles"
+  grep -hE "devices|carried|^result|refused|error" "$out0" "$out1"
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -5 "$out0" "$out1"; return 1; }
+  grep -q "devices .*railshard-fused(eth0+h1r0:1)" "$out1" || { echo "no fused device"; return 1; }
+  # The send comms' closing lines: each rail carried a share.
+  for rail in eth0 h1r0:1; do
+    grep -qE "NCCL send comm with .*: $rail carried [1-9][0-9]* bytes" "$out1" ||
+      { echo "$rail carried nothing"; return 1; }
+  done
+}
+step "NCCL plugin: an RDMA rail and a TCP rail fused" nccl_plugin
 
 # 3. Separate processes, one network, UTS and mount namespace (host name, /dev/shm) per host.
 job() {  # job RANKS_PER_HOST EXPECT ARGS...: collective_check on the first two hosts
