@@ -51,8 +51,7 @@ struct Options {
 // Seconds since the epoch: the clock the timeline, the log lines and a script that takes a rail
 // down share (benchmarks/nccl_plugin_rail_down.sh).
 double epochSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 void logLine(nccl::LogLevel level, unsigned long, const char*, int, const char* format, ...) {
