@@ -8,8 +8,9 @@
 #   out      median over the 8 connections of (rail1 taken out) - (link down)
 #   gap      the longest time without a completed receive after the link went down
 #   rate     payload delivered from (link down) to (link up), over rail0's iperf3
-#   back     median over the connections of (rail1 re-admitted) - (link up), and how
-#            often rail1 was taken out again after it came back
+#   back     median over the connections of (rail1 re-admitted) - (link up), how often
+#            rail1 was taken out again after it came back, and the payload rate from 1 s after
+#            the link came back to the end, over rail0's iperf3 (above 100 %: rail1 carries)
 # then the medians over the runs.
 #
 #   benchmarks/nccl_plugin_rail_down.sh BUILD [--reps 5] [--rail-timeout 0.5]
@@ -101,21 +102,26 @@ for e, g in windows:
         continue
     run = run + 1 if g == 0 else 0
     gap = max(gap, run)
+# After: from 1 s after the link came back to the last window (rail1 carrying again makes it
+# more than rail0 alone can).
+after = [g for e, g in windows if e >= up + 1.0]
+after_rate = statistics.mean(after[:-1]) if len(after) > 1 else 0.0
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
 print(f"run {rep}: out {med(took):.2f} s, no receive completed for {gap / 10:.1f} s, "
       f"{rate:.3f} Gbit/s from down to up = {100 * rate / iperf:.0f} % of rail0 alone, back "
-      f"{med(back):.2f} s, taken out again {flaps} times after")
+      f"{med(back):.2f} s, taken out again {flaps} times after; from 1 s after up "
+      f"{after_rate:.3f} Gbit/s = {100 * after_rate / iperf:.0f} % of rail0 alone")
 with open(f"{out}/summary", "a") as f:
-    f.write(f"{med(took)} {gap / 10} {rate / iperf} {med(back)} {flaps}\n")
+    f.write(f"{med(took)} {gap / 10} {rate / iperf} {med(back)} {flaps} {after_rate / iperf}\n")
 PY
 done
 python3 - "$out/summary" <<'PY'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
-out, gap, rate, back, flaps = (statistics.median(c) for c in zip(*rows))
+out, gap, rate, back, flaps, after = (statistics.median(c) for c in zip(*rows))
 print(f"median of {len(rows)} runs: rail1 taken out {out:.2f} s after its link went down; "
       f"no receive completed for {gap:.1f} s; from down to up {100 * rate:.0f} % of rail0's "
       f"iperf3 rate; rail1 re-admitted {back:.2f} s after its link came back, then taken out "
-      f"again {flaps:.0f} times")
+      f"again {flaps:.0f} times; from 1 s after it came back {100 * after:.0f} % of rail0's rate")
 PY

@@ -4,6 +4,7 @@
 
 #include <spdlog/sinks/base_sink.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -102,7 +103,12 @@ Result init(Logger logger) {
       auto& l = log::logger();
       l.sinks().clear();
       l.sinks().push_back(std::make_shared<NcclSink>(logger));
-      l.set_level(spdlog::level::info);
+      // NCCL_DEBUG decides what shows; RAILSHARD_LOG_LEVEL=debug adds railshard's debug lines
+      // (at NCCL's TRACE level).
+      const char* level = std::getenv("RAILSHARD_LOG_LEVEL");
+      l.set_level(level != nullptr && spdlog::level::from_str(level) < spdlog::level::info
+                      ? spdlog::level::from_str(level)
+                      : spdlog::level::info);
     }
     p.links = config.links;
     p.rdma = config.rdma;

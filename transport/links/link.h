@@ -112,6 +112,11 @@ class Link {
   virtual void detach() = 0;
   // A new rate estimate (Gbit/s) for the link (a socket sizes its send buffer by it).
   virtual void rateChanged(double gbps) { (void)gbps; }
+  // Bytes its network has taken from it so far (a socket: what the kernel accepted, which it
+  // does only as the peer acknowledges), with the messenger's lock held. Progress short of a
+  // whole frame: on a slow link shared by many connections one frame can take longer than the
+  // stall rule's timeout. 0 for links whose completions are their progress (RDMA).
+  virtual uint64_t bytesTaken() const { return 0; }
 
   // Connection by records (attributes().redials false): generation `generation` of the link.
   // The initiating rank's record for the peer; the accepting rank's answer, with its side

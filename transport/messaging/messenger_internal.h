@@ -67,6 +67,7 @@ struct Messenger::LinkState {
   uint64_t sample_ns = 0;
   uint64_t sample_bytes = 0;
   Clock::time_point last_progress{};   // last delivery, or when it became busy
+  uint64_t taken_seen = 0;             // link->bytesTaken() when the stall rule last looked
   Clock::time_point last_heard{};      // last frame that arrived on it
   Clock::time_point pinged{};          // last ping sent for it (stall suspicion)
   uint64_t bytes_sent = 0;             // payload handed to it (of messages)

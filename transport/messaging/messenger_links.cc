@@ -503,6 +503,14 @@ void Messenger::checkStallsLocked(Clock::time_point t) {
   std::vector<std::pair<int, std::string>> stalled;
   for (auto& link : links_) {
     if (!link->up() || !link->busy || !link->data()) continue;
+    // Bytes leaving the link count as progress as deliveries do: a frame of a megabyte on a
+    // 250 Mbit/s rail shared by 8 connections takes a quarter of a second, and a re-admitted
+    // connection's first frames far longer while its congestion window opens (measured:
+    // benchmarks/nccl_plugin_rail_down.sh, where rails were taken out again and again).
+    if (const uint64_t taken = link->link->bytesTaken(); taken != link->taken_seen) {
+      link->taken_seen = taken;
+      link->last_progress = t;
+    }
     const Duration quiet = t - link->last_progress;
     if (quiet > options_.links.rail_timeout / 2 && link->pinged < link->last_progress) {
       // Suspicious: ask every other link for an acknowledgement, so that a working one proves

@@ -109,6 +109,7 @@ int TcpLink::writeLocked(bool control_only) {
       break;
     }
     item.written += static_cast<size_t>(n);
+    taken_ += static_cast<uint64_t>(n);
     if (item.written < item.total()) {
       setWriteInterest(true);
       break;  // the socket's buffer is full

@@ -34,6 +34,7 @@ class TcpLink final : public Link {
   void shutdown() override;
   void detach() override;
   void rateChanged(double gbps) override;
+  uint64_t bytesTaken() const override { return taken_; }
   void redial(uint32_t generation) override;
 
   int peer() const { return peer_; }
@@ -103,6 +104,7 @@ class TcpLink final : public Link {
   int unreported_ = 0;  // frames written by post() ahead of one still on its way
   bool write_interest_ = false;
   int sndbuf_ = 0;
+  uint64_t taken_ = 0;  // bytes the kernel accepted, every connection (the messenger's lock)
   std::string broken_;
   std::atomic<bool> shut_{false};
 
