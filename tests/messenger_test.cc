@@ -240,6 +240,59 @@ TEST(Messenger, ALinkFailingWithFramesInFlightIsReSentExactlyOnTheOther) {
   }
 }
 
+// The stall rule (RAILSHARD_RAIL_TIMEOUT, 2 s here): link 1's frames are on its wire for 4 s
+// while link 0 delivers. A socket whose kernel keeps taking bytes is slow, not dead: it stays,
+// and its frames land exact when they arrive. One whose kernel takes nothing is taken out, and
+// its frames are re-sent on link 0.
+TEST(Messenger, ASlowSocketThatKeepsTakingBytesIsNotTakenOutAndADeadOneIs) {
+  for (const bool moving : {true, false}) {
+    Clock::time_point t = Clock::now();
+    LinkAttributes rail0 = socketLike("rail0", 10);
+    LinkAttributes rail1 = socketLike("rail1", 10);
+    rail0.max_payload = rail1.max_payload = 64 << 10;
+    Pair pair({rail0, rail1}, {true, true}, [&] { return t; });
+    const auto sent = pattern(1 << 20, 11);
+    std::vector<uint8_t> got(sent.size(), 0);
+    auto recv = pair.m[1]->irecv(got.data(), got.size(), tagOf(0));
+    auto send = pair.m[0]->isend(sent.data(), sent.size(), tagOf(0));
+    ASSERT_GT(pair.fake[0][1]->wire.size(), 0u);
+    for (int second = 0; second < 4; ++second) {
+      t += std::chrono::seconds(1);
+      if (moving) pair.fake[0][1]->taken += 1000;
+      pair.m[0]->tick();
+      pair.m[1]->tick();
+      // Link 0 both ways (its frames, the suspicion's pings and their answers); link 1 never.
+      pair.deliver(0, 0);
+      pair.deliver(1, 0);
+    }
+    const auto rails = pair.m[0]->rails();
+    ASSERT_EQ(rails.size(), 2u);
+    EXPECT_TRUE(rails[0].up);
+    if (moving) {
+      EXPECT_TRUE(rails[1].up) << "taken out while its socket moved bytes: "
+                               << rails[1].down_reason;
+    } else {
+      EXPECT_FALSE(rails[1].up) << "a socket that took nothing for 4 s stayed in";
+      EXPECT_NE(rails[1].down_reason.find("no progress for"), std::string::npos)
+          << rails[1].down_reason;
+      // Nothing more arrives on it at rank 0; rank 1 takes it out on rank 0's report, then
+      // nothing arrives there either (each driver says so once the link is shut).
+      {
+        auto guard = pair.m[0]->guard();
+        pair.m[0]->quiescedLocked(1);
+      }
+      pair.deliver(0, 0);
+      EXPECT_FALSE(pair.m[1]->rails()[1].up) << "rank 1 did not take it out on the report";
+      auto guard = pair.m[1]->guard();
+      pair.m[1]->quiescedLocked(1);
+    }
+    pair.deliverAll();
+    expectDone(*pair.mesh[1], recv);
+    expectDone(*pair.mesh[0], send);
+    EXPECT_EQ(got, sent) << (moving ? "slow socket" : "dead socket");
+  }
+}
+
 TEST(Messenger, AFailedLinkIsReAdmittedAndCarriesTrafficAgain) {
   for (const auto& kind : {socketLike("rail", 10), laneLike("lane", 10)}) {
     LinkAttributes other = kind;

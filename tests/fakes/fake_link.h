@@ -96,6 +96,7 @@ class FakeLink final : public transport::links::Link {
     down = false;
   }
   void redial(uint32_t generation) override { redials.push_back(generation); }
+  uint64_t bytesTaken() const override { return taken; }
 
   struct Wire {
     FrameHeader header;
@@ -110,6 +111,7 @@ class FakeLink final : public transport::links::Link {
   std::deque<Wire> control;            // control frames, not yet delivered
   std::deque<OutFramePtr> unfinished;  // posted, completion not yet reported (lanes)
   int room = INT_MAX;                  // frames it takes before it has no room
+  uint64_t taken = 0;                  // bytesTaken(): what its "kernel" took, as the test says
   bool down = false;
   bool detached = false;
   int posts = 0;
