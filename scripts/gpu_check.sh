@@ -15,6 +15,10 @@
 #      ibverbs; on one host the traffic loops through the HCA) with host and with device
 #      buffers -- GPUDirect where nvidia_peermem or dmabuf allows, else staged, as the log says
 #      (docs/rdma.md). Skipped, saying so, without /sys/class/infiniband devices.
+#   7. NCCL's own all-reduce through the NCCL plugin (libnccl-net-railshard.so): two
+#      processes on one GPU made to look like two hosts (NCCL_HOSTID differs per rank), so
+#      NCCL must use the network -- railshard's plugin over the loopback, then NCCL's own
+#      socket transport over the same loopback, both checked (docs/nccl-plugin.md).
 # Usage: scripts/gpu_check.sh [BUILD_DIR] ; results go to $OUT (default ./gpu-check-out).
 #        scripts/gpu_check.sh --bundle DIR: run what scripts/gpu_bundle.sh packed (built
 #        elsewhere, for a GPU machine that cannot build railshard) instead of building.
@@ -102,7 +106,7 @@ fi
 step configure 300 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DRAILSHARD_WITH_CUDA=ON "${torch_opts[@]}"
 targets=(railshard railshard-launch railshard-topo allreduce_perf cuda_kernels_test
-  cuda_kernels_bench device_staging_test)
+  cuda_kernels_bench device_staging_test nccl_net_railshard)
 [ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ] && targets+=(railshard_torch)
 step build 900 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
@@ -123,6 +127,16 @@ if [ "$gpus" -ge 2 ]; then
 fi
 
 rdmaCheck "$launch" "$build/launcher/tools/railshard-topo" "${perf[@]}"
+
+# 7. Each rank its own NCCL host id: NCCL then sees two hosts and goes through NCCL_NET.
+for net in railshard Socket; do
+  step "nccl_net_${net}_2hosts_on_1gpu" 300 env \
+    LD_LIBRARY_PATH="$build/plugins/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    NCCL_NET_PLUGIN=railshard NCCL_NET="$net" NCCL_SOCKET_IFNAME=lo RAILSHARD_NCCL_RAILS==lo \
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$launch" -n 2 -- \
+    bash -c 'NCCL_HOSTID="gpu-check-host-$RAILSHARD_RANK" exec "$@"' rank "${perf[@]}" \
+    --backend nccl -J "$out/nccl_net_${net}.json"
+done
 
 if [ "${torch_opts[0]}" = "-DRAILSHARD_WITH_TORCH=ON" ]; then
   step torch_cuda 600 env RAILSHARD_BUILD_PYTHON="$build/python" RAILSHARD_REQUIRE_MODULE=1 \

@@ -157,6 +157,41 @@ TEST_F(NcclPluginRdma, TheHcaPortAloneCarriesTheDataAndTcpOnlyItsRecords) {
   EXPECT_EQ(lo, 0u) << "the TCP rail carried data on an RDMA-only device";
 }
 
+// GPU memory (ptrSupport CUDA|DMABUF) only on a device whose every data link is an RDMA lane,
+// and only where libcuda loads (never here: no NVIDIA driver; scripts/gpu_check.sh runs it on
+// a GPU). A fused device's comm refuses GPU memory with a line saying why; host memory goes
+// through both registration entry points.
+TEST_F(NcclPluginRdma, GpuMemoryIsOfferedOnlyWhereEveryDataLinkIsALane) {
+  const bool cuda = test::logged("GPU memory on the RDMA-only devices: yes");
+  ASSERT_TRUE(cuda || test::logged("GPU memory on the RDMA-only devices: no")) << test::allLogged();
+  nccl::PropertiesV11 props{};
+  ASSERT_EQ(plugin_->net->getProperties(device("railshard-fake0:1"), &props),
+            nccl::Result::kSuccess);
+  EXPECT_EQ(props.base.ptr_support,
+            cuda ? nccl::kPtrHost | nccl::kPtrCuda | nccl::kPtrDmaBuf : nccl::kPtrHost);
+  const int fused = device("railshard-fused(lo+fake0:1)");
+  ASSERT_EQ(plugin_->net->getProperties(fused, &props), nccl::Result::kSuccess);
+  EXPECT_EQ(props.base.ptr_support, nccl::kPtrHost) << "a TCP rail cannot take GPU memory";
+
+  void* send_comm = nullptr;
+  void* recv_comm = nullptr;
+  ASSERT_TRUE(test::connectPair(*plugin_, fused, &send_comm, &recv_comm)) << test::allLogged();
+  char region[64];
+  void* mhandle = nullptr;
+  EXPECT_EQ(plugin_->net->regMr(send_comm, region, sizeof(region), nccl::kPtrCuda, &mhandle),
+            nccl::Result::kInternalError);
+  EXPECT_EQ(mhandle, nullptr);
+  EXPECT_TRUE(test::logged("regMr: GPU memory (NCCL_PTR_CUDA) on a device with TCP rails"))
+      << test::allLogged();
+  ASSERT_EQ(
+      plugin_->net->regMrDmaBuf(send_comm, region, sizeof(region), nccl::kPtrHost, 0, -1, &mhandle),
+      nccl::Result::kSuccess);
+  EXPECT_NE(mhandle, nullptr);
+  EXPECT_EQ(plugin_->net->deregMr(send_comm, mhandle), nccl::Result::kSuccess);
+  EXPECT_EQ(plugin_->net->closeSend(send_comm), nccl::Result::kSuccess);
+  EXPECT_EQ(plugin_->net->closeRecv(recv_comm), nccl::Result::kSuccess);
+}
+
 #else
 
 TEST(NcclPluginRdma, NeedsTheRdmaTransport) {

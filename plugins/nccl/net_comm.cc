@@ -65,7 +65,10 @@ NetComm::NetComm(bool sender, Established established, const CommOptions& comm)
   options.peer_address = peer_;
   options.links = comm.links;
   options.initiator = sender;  // it dialled the connections, it dials them again
-  auto messenger = std::make_unique<messaging::Messenger>(mesh_->group(), options);
+  messaging::Group group = mesh_->group();
+  group.cuda = comm.cuda;
+  takes_device_memory_ = comm.cuda != nullptr;
+  auto messenger = std::make_unique<messaging::Messenger>(group, options);
   // Lanes pair rail r with rail r while the layers agree (RdmaDriver::makeLanes): none when
   // the first differs, and then the TCP connections must carry the data after all.
   const std::string mine = rdmaLayers(comm.rdma_rails);
@@ -84,6 +87,7 @@ NetComm::NetComm(bool sender, Established established, const CommOptions& comm)
   if (rdma) rdma->start();
   driver->start();
   mesh_->addDriver(std::move(driver));
+  rdma_ = rdma.get();
   if (rdma) mesh_->addDriver(std::move(rdma));
   mesh_->start(tcp::tickPeriod(comm.links));
   // Connected now, not waited for (NCCL's connect must not block): until a lane is up the
@@ -109,7 +113,13 @@ void* NetComm::isend(const void* data, size_t size, int tag) {
   return request.release();
 }
 
-void* NetComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags) {
+void NetComm::forgetDeviceMemory(const void* addr, size_t bytes) {
+  if (rdma_ == nullptr) return;
+  auto guard = mesh_->messenger(sender_ ? 0 : 1)->guard();
+  plugins::nccl::forgetDeviceMemory(*rdma_, addr, bytes);
+}
+
+void* NetComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags, bool device) {
   if (n < 1 || n > kMaxRecvs) {
     throw InvalidArgument("irecv of " + std::to_string(n) + " buffers (1 to " +
                           std::to_string(kMaxRecvs) + ")");
@@ -129,8 +139,8 @@ void* NetComm::irecv(int n, void* const* data, const size_t* sizes, const int* t
     // Runs under the messenger's lock when the message's first piece arrives (or now, when it
     // is here already): the request outlives it (its parts are done only after it ran).
     Request* r = request.get();
-    request->parts.push_back(
-        messenger.irecvChosen(largest, [r, part](const transport::MessageTag& tag, uint64_t total) {
+    request->parts.push_back(messenger.irecvChosen(
+        largest, device, [r, part](const transport::MessageTag& tag, uint64_t total) {
           messaging::Choice choice;
           const int nccl_tag = static_cast<int>(tag.step);
           for (size_t s = 0; s < r->buffers->slots.size(); ++s) {

@@ -26,6 +26,9 @@ struct CommOptions {
   RdmaConfig rdma;
   std::vector<Rail> rdma_rails;  // the device's, in order (a lane each the peer shares)
   bool tcp_data = true;          // false: its TCP connections carry control only
+  // GPU memory may be sent and received (an RDMA-only device where libcuda loads): sends go
+  // GPUDirect on the lanes (or staged), receives are copied in from host memory.
+  const transport::CudaDriver* cuda = nullptr;
 };
 
 class NetComm {
@@ -42,7 +45,12 @@ class NetComm {
   // NCCL's isend/irecv; throw railshard::Error (the plugin's entry points turn it into a
   // result and a log line).
   void* isend(const void* data, size_t size, int tag);
-  void* irecv(int n, void* const* data, const size_t* sizes, const int* tags);
+  // `device`: the buffers are GPU memory (NCCL registered them as NCCL_PTR_CUDA).
+  void* irecv(int n, void* const* data, const size_t* sizes, const int* tags, bool device);
+  // Whether NCCL may hand it GPU memory (CommOptions::cuda).
+  bool takesDeviceMemory() const { return takes_device_memory_; }
+  // NCCL deregisters [addr, addr + bytes): the lanes forget their GPU registrations of it.
+  void forgetDeviceMemory(const void* addr, size_t bytes);
   const std::string& peer() const { return peer_; }
   transport::messaging::Mesh& mesh() { return *mesh_; }
 
@@ -50,6 +58,8 @@ class NetComm {
   bool sender_;
   std::string peer_;
   std::unique_ptr<transport::messaging::Mesh> mesh_;
+  bool takes_device_memory_ = false;
+  transport::links::Driver* rdma_ = nullptr;  // the mesh's RDMA driver, if any
 };
 
 // test(): whether the request is done, and (done) the bytes of each of its buffers; the

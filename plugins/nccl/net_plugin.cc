@@ -51,6 +51,8 @@ struct Plugin {
   std::vector<NetDevice> devices;
   LinkConfig links;
   RdmaConfig rdma;
+  // Where RDMA-only devices take GPU memory (ptrSupport CUDA|DMABUF); null: host memory only.
+  const transport::CudaDriver* cuda = nullptr;
   Duration connect_timeout = std::chrono::seconds(60);
 };
 
@@ -132,6 +134,14 @@ Result init(Logger logger) {
       if (static_cast<int>(rdma.size()) > ListenHandle::kMaxRails)
         rdma.resize(ListenHandle::kMaxRails);
       p.rails.insert(p.rails.end(), rdma.begin(), rdma.end());
+      if (!rdma.empty()) {
+        std::string why;
+        p.cuda = gpuDirectDriver(why);
+        RS_LOG_INFO("NCCL plugin: GPU memory on the RDMA-only devices: {}",
+                    p.cuda != nullptr ? "yes (GPUDirect RDMA where the HCA registers it, "
+                                        "else staged; never run on a GPU)"
+                                      : "no: " + why);
+      }
     }
     p.devices = makeDevices(p.rails, options.set);
     std::string names;
@@ -165,6 +175,9 @@ void fillProperties(int dev, const NetDevice& device, PropertiesV10& props) {
   }
   props.guid = device.fused ? (guid | (uint64_t{1} << 63)) : guid;
   props.ptr_support = kPtrHost;
+  // GPU memory only where every data link is an RDMA lane: a TCP rail would copy each piece
+  // to host memory on NCCL's proxy thread, which NCCL's own staging does better.
+  if (!device.tcp_data && plugin().cuda != nullptr) props.ptr_support |= kPtrCuda | kPtrDmaBuf;
   props.speed = gbps > 0 ? static_cast<int>(gbps * 1000) : 10000;  // Mbit/s
   props.port = 1;
   props.latency = 0;  // NCCL's default
@@ -219,6 +232,7 @@ CommOptions commOptions(const NetDevice& device) {
   options.links = plugin().links;
   options.rdma = plugin().rdma;
   options.tcp_data = device.tcp_data;
+  options.cuda = device.tcp_data ? nullptr : plugin().cuda;
   for (int r : device.rails) {
     const Rail& rail = plugin().rails[static_cast<size_t>(r)];
     if (rail.rdma) options.rdma_rails.push_back(rail);
@@ -288,19 +302,57 @@ Result accept(void* listen_comm, void** recv_comm, DeviceHandle** /*recv_dev_com
   });
 }
 
-// Host memory over TCP needs no registration: a handle that says so.
-Result regMr(void* /*comm*/, void* /*data*/, size_t /*size*/, int type, void** mhandle) {
-  if (type != kPtrHost) {
-    warn("regMr: only host memory (NCCL_PTR_HOST) on TCP rails");
-    return Result::kInternalError;
-  }
-  static int host_memory = 0;
-  *mhandle = &host_memory;
-  return Result::kSuccess;
+// What regMr hands NCCL: the memory's kind and range. Host memory needs no registration (the
+// links copy it, or register it themselves); GPU memory is registered by the lanes on first
+// use (RegistrationCache), and deregMr makes them forget it: NCCL frees it after.
+struct MemoryHandle {
+  int type = kPtrHost;
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+Result registerMemory(void* comm, void* data, size_t size, int type, void** mhandle) {
+  *mhandle = nullptr;
+  return guarded("regMr", [&] {
+    auto* c = static_cast<NetComm*>(comm);
+    if (type == kPtrCuda && !c->takesDeviceMemory()) {
+      throw InvalidArgument(
+          "GPU memory (NCCL_PTR_CUDA) on a device with TCP rails or without libcuda: its "
+          "ptrSupport is NCCL_PTR_HOST");
+    }
+    if (type != kPtrHost && type != kPtrCuda) {
+      throw InvalidArgument("memory of type " + std::to_string(type) +
+                            " (NCCL_PTR_HOST or NCCL_PTR_CUDA)");
+    }
+    *mhandle = new MemoryHandle{type, data, size};
+    return Result::kSuccess;
+  });
 }
 
-Result deregMr(void* /*comm*/, void* /*mhandle*/) {
-  return Result::kSuccess;
+Result regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return registerMemory(comm, data, size, type, mhandle);
+}
+
+// NCCL's dmabuf of the range is not kept: the lanes export their own of what they register
+// (cuMemGetHandleForAddressRange, docs/rdma.md).
+Result regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t, int, void** mhandle) {
+  return registerMemory(comm, data, size, type, mhandle);
+}
+
+Result deregMr(void* comm, void* mhandle) {
+  return guarded("deregMr", [&] {
+    std::unique_ptr<MemoryHandle> handle(static_cast<MemoryHandle*>(mhandle));
+    if (handle && handle->type == kPtrCuda) {
+      static_cast<NetComm*>(comm)->forgetDeviceMemory(handle->data, handle->size);
+    }
+    return Result::kSuccess;
+  });
+}
+
+// Whether a receive's buffers are GPU memory, by their handles.
+bool deviceBuffers(void** mhandles) {
+  return mhandles != nullptr && mhandles[0] != nullptr &&
+         static_cast<const MemoryHandle*>(mhandles[0])->type == kPtrCuda;
 }
 
 Result isendSized(void* send_comm, void* data, size_t size, int tag, void** request) {
@@ -311,16 +363,20 @@ Result isendSized(void* send_comm, void* data, size_t size, int tag, void** requ
   });
 }
 
-Result irecvSized(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** request) {
+Result irecvSized(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                  void** request) {
   *request = nullptr;
   return guarded("irecv", [&] {
-    *request = static_cast<NetComm*>(recv_comm)->irecv(n, data, sizes, tags);
+    *request =
+        static_cast<NetComm*>(recv_comm)->irecv(n, data, sizes, tags, deviceBuffers(mhandles));
     return Result::kSuccess;
   });
 }
 
+// Nothing to flush: a receive into GPU memory is copied in from host memory (cuMemcpyHtoD,
+// which returns once the copy is done) before test() reports it done; none lands by RDMA.
 Result iflush(void*, int, void**, int*, void**, void** request) {
-  *request = nullptr;  // host memory: nothing to flush
+  *request = nullptr;
   return Result::kSuccess;
 }
 
@@ -349,24 +405,26 @@ Result closeListen(void* listen_comm) {
 Result isendV8(void* c, void* data, int size, int tag, void*, void** request) {
   return isendSized(c, data, static_cast<size_t>(size), tag, request);
 }
-Result irecvV8(void* c, int n, void** data, int* sizes, int* tags, void**, void** request) {
+Result irecvV8(void* c, int n, void** data, int* sizes, int* tags, void** mhandles,
+               void** request) {
   if (n < 1 || n > NetComm::kMaxRecvs) return Result::kInternalError;
   size_t wide[NetComm::kMaxRecvs];
   for (int i = 0; i < n; ++i) wide[i] = static_cast<size_t>(sizes[i]);
-  return irecvSized(c, n, data, wide, tags, request);
+  return irecvSized(c, n, data, wide, tags, mhandles, request);
 }
 Result isendV9(void* c, void* data, size_t size, int tag, void*, void** request) {
   return isendSized(c, data, size, tag, request);
 }
-Result irecvV9(void* c, int n, void** data, size_t* sizes, int* tags, void**, void** request) {
-  return irecvSized(c, n, data, sizes, tags, request);
+Result irecvV9(void* c, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+               void** request) {
+  return irecvSized(c, n, data, sizes, tags, mhandles, request);
 }
 Result isendV10(void* c, void* data, size_t size, int tag, void*, void*, void** request) {
   return isendSized(c, data, size, tag, request);
 }
-Result irecvV10(void* c, int n, void** data, size_t* sizes, int* tags, void**, void**,
+Result irecvV10(void* c, int n, void** data, size_t* sizes, int* tags, void** mhandles, void**,
                 void** request) {
-  return irecvSized(c, n, data, sizes, tags, request);
+  return irecvSized(c, n, data, sizes, tags, mhandles, request);
 }
 Result initV10(Logger logger, ProfilerCallback) {
   return init(logger);
@@ -396,27 +454,28 @@ namespace rn = railshard::plugins::nccl;
 extern "C" {
 
 __attribute__((visibility("default"))) rn::NetV8 ncclNetPlugin_v8 = {
-    "railshard", rn::init,  rn::devices,   rn::getPropertiesV8, rn::listen,      rn::connect,
-    rn::accept,  rn::regMr, nullptr,       rn::deregMr,         rn::isendV8,     rn::irecvV8,
-    rn::iflush,  rn::test,  rn::closeComm, rn::closeComm,       rn::closeListen, nullptr,
+    "railshard", rn::init,  rn::devices,     rn::getPropertiesV8, rn::listen,      rn::connect,
+    rn::accept,  rn::regMr, rn::regMrDmaBuf, rn::deregMr,         rn::isendV8,     rn::irecvV8,
+    rn::iflush,  rn::test,  rn::closeComm,   rn::closeComm,       rn::closeListen, nullptr,
     nullptr};
 
 __attribute__((visibility("default"))) rn::NetV9 ncclNetPlugin_v9 = {
-    "railshard", rn::init,  rn::devices,   rn::getPropertiesV10, rn::listen,      rn::connect,
-    rn::accept,  rn::regMr, nullptr,       rn::deregMr,          rn::isendV9,     rn::irecvV9,
-    rn::iflush,  rn::test,  rn::closeComm, rn::closeComm,        rn::closeListen, nullptr,
+    "railshard", rn::init,  rn::devices,     rn::getPropertiesV10, rn::listen,      rn::connect,
+    rn::accept,  rn::regMr, rn::regMrDmaBuf, rn::deregMr,          rn::isendV9,     rn::irecvV9,
+    rn::iflush,  rn::test,  rn::closeComm,   rn::closeComm,        rn::closeListen, nullptr,
     nullptr,     nullptr};
 
 __attribute__((visibility("default"))) rn::NetV10 ncclNetPlugin_v10 = {
-    "railshard", rn::initV10, rn::devices,   rn::getPropertiesV10, rn::listen,      rn::connectV10,
-    rn::accept,  rn::regMr,   nullptr,       rn::deregMr,          rn::isendV10,    rn::irecvV10,
-    rn::iflush,  rn::test,    rn::closeComm, rn::closeComm,        rn::closeListen, nullptr,
-    nullptr,     nullptr};
+    "railshard",     rn::initV10,    rn::devices,   rn::getPropertiesV10,
+    rn::listen,      rn::connectV10, rn::accept,    rn::regMr,
+    rn::regMrDmaBuf, rn::deregMr,    rn::isendV10,  rn::irecvV10,
+    rn::iflush,      rn::test,       rn::closeComm, rn::closeComm,
+    rn::closeListen, nullptr,        nullptr,       nullptr};
 
 __attribute__((visibility("default"))) rn::NetV11 ncclNetPlugin_v11 = {
     "railshard",     rn::initV11,    rn::devices,   rn::getPropertiesV11,
     rn::listenV11,   rn::connectV11, rn::accept,    rn::regMr,
-    nullptr,         rn::deregMr,    rn::isendV10,  rn::irecvV10,
+    rn::regMrDmaBuf, rn::deregMr,    rn::isendV10,  rn::irecvV10,
     rn::iflush,      rn::test,       rn::closeComm, rn::closeComm,
     rn::closeListen, nullptr,        nullptr,       nullptr,
     rn::finalizeV11, nullptr};

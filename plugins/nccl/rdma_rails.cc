@@ -72,6 +72,17 @@ std::vector<Rail> findRdmaRails(const RdmaConfig& config) {
   return rails;
 }
 
+const transport::CudaDriver* gpuDirectDriver(std::string& why) {
+  const transport::CudaDriver* cuda = transport::CudaDriver::get();
+  if (cuda == nullptr) why = transport::CudaDriver::unavailableReason();
+  return cuda;
+}
+
+void forgetDeviceMemory(transport::links::Driver& rdma, const void* addr, size_t bytes) {
+  // addRdmaLanes made it: an RDMA driver.
+  static_cast<ibverbs::RdmaDriver&>(rdma).forgetDeviceMemory(addr, bytes);
+}
+
 std::unique_ptr<transport::links::Driver> addRdmaLanes(
     transport::messaging::Messenger& messenger, const std::vector<Rail>& rails,
     const std::string& their_layers, const RdmaConfig& config, int rank,

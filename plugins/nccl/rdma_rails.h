@@ -6,6 +6,7 @@
 
 #include "base/config.h"
 #include "plugins/nccl/net_devices.h"
+#include "transport/cuda_driver.h"
 #include "transport/links/driver.h"
 #include "transport/messaging/failure_state.h"
 #include "transport/messaging/messenger.h"
@@ -28,5 +29,15 @@ std::unique_ptr<transport::links::Driver> addRdmaLanes(transport::messaging::Mes
                                                        const std::string& their_layers,
                                                        const RdmaConfig& config, int rank,
                                                        transport::messaging::FailureState& failure);
+
+// The CUDA driver, where NCCL may hand an RDMA-only device GPU memory (ptrSupport CUDA|DMABUF:
+// the lanes register it with the HCA, ibv_reg_dmabuf_mr or nvidia-peermem, else stage it
+// through host memory, docs/rdma.md): libcuda.so.1 loads. Null otherwise, `why` saying why.
+// NEVER RUN ON A GPU.
+const transport::CudaDriver* gpuDirectDriver(std::string& why);
+
+// Forgets the GPU memory registrations of [addr, addr + bytes) on `rdma` (addRdmaLanes'
+// driver), with the lock of the messenger its lanes are in held.
+void forgetDeviceMemory(transport::links::Driver& rdma, const void* addr, size_t bytes);
 
 }  // namespace railshard::plugins::nccl

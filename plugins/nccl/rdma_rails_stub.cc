@@ -19,4 +19,11 @@ std::unique_ptr<transport::links::Driver> addRdmaLanes(transport::messaging::Mes
   return nullptr;
 }
 
+const transport::CudaDriver* gpuDirectDriver(std::string& why) {
+  why = "built without infiniband/verbs.h: no RDMA rail to take GPU memory";
+  return nullptr;
+}
+
+void forgetDeviceMemory(transport::links::Driver&, const void*, size_t) {}
+
 }  // namespace railshard::plugins::nccl

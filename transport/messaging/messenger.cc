@@ -177,8 +177,9 @@ RequestPtr Messenger::irecv(void* data, size_t bytes, const MessageTag& tag) {
       op, tag, [&](const RequestPtr& request) { return book_.post(request, data, bytes, tag); });
 }
 
-RequestPtr Messenger::irecvChosen(size_t capacity, Chooser choose) {
+RequestPtr Messenger::irecvChosen(size_t capacity, bool device, Chooser choose) {
   auto op = std::make_shared<RecvOp>(options_.peer, capacity, MessageTag{});
+  op->device = device && group_.cuda != nullptr && capacity > 0;
   return postReceive(op, MessageTag{}, [&](const RequestPtr& request) {
     return book_.postChosen(request, std::move(choose));
   });
@@ -324,7 +325,7 @@ std::string Messenger::stateSummaryLocked() const {
                      std::to_string(book_.sent()) + " messages sent, " +
                      std::to_string(book_.received()) + " received;";
   for (const auto& l : links_) {
-    text += " " + l->attributes().name + " " + (l->up() ? "up" : "down") + " generation " +
+    text += " " + l->attributes().name + " " + linkStateLocked(*l) + ", generation " +
             std::to_string(l->generation) + " (" + std::to_string(l->queue.size()) +
             " frames queued, " + std::to_string(l->posted.size()) + " posted, " +
             std::to_string(l->unacked.size()) + " kept, " + std::to_string(l->landed) + " landed);";

@@ -107,8 +107,9 @@ class Messenger {
   RequestPtr irecv(void* data, size_t bytes, const MessageTag& tag);
   // A receive of the peer's next message whatever its tag and size (at most `capacity`
   // bytes), its buffer chosen by `choose` before a byte lands (MessageBook::postChosen); the
-  // request's received() says how much came. Host memory only.
-  RequestPtr irecvChosen(size_t capacity, Chooser choose);
+  // request's received() says how much came. `device`: every buffer it may choose is GPU
+  // memory (each piece is copied in from host memory; needs the group's CudaDriver).
+  RequestPtr irecvChosen(size_t capacity, bool device, Chooser choose);
   // Someone blocks on this send: once all of it is written, what is still kept for re-sending
   // is copied and the send completes, rather than waiting for the peer's acknowledgement.
   void waited(const RequestPtr& request);
@@ -263,6 +264,8 @@ class Messenger {
   void heartbeatLocked(Clock::time_point now);
   void rejoinLocked(Clock::time_point now);
   std::string linksSummaryLocked() const;
+  // "up", or "down: why" ("down: not connected" before its first connection).
+  std::string linkStateLocked(const LinkState& link) const;
   std::string stateSummaryLocked() const;
   bool dataLinkUpLocked() const;
   bool dataLinkComingLocked() const;

@@ -59,12 +59,15 @@ std::string Messenger::linksSummaryLocked() const {
     char rate[32] = "";
     if (data_links_ > 1)
       std::snprintf(rate, sizeof(rate), " %.3f Gbit/s", scheduler_->gbps(link->rail));
-    text += (text.empty() ? "" : ", ") + link->attributes().name + rate + " " +
-            (link->up() ? std::string("up")
-                        : "down: " + (link->down_reason.empty() ? std::string("not connected")
-                                                                : link->down_reason));
+    text +=
+        (text.empty() ? "" : ", ") + link->attributes().name + rate + " " + linkStateLocked(*link);
   }
   return text;
+}
+
+std::string Messenger::linkStateLocked(const LinkState& link) const {
+  if (link.up()) return "up";
+  return "down: " + (link.down_reason.empty() ? std::string("not connected") : link.down_reason);
 }
 
 void Messenger::linkFailedLocked(int index, const std::string& why, bool peer_closed) {

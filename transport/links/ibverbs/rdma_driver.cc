@@ -149,6 +149,14 @@ void RdmaDriver::start() {
   progress_ = std::thread([this] { progressLoop(); });
 }
 
+size_t RdmaDriver::forgetDeviceMemory(const void* addr, size_t bytes) {
+  size_t touched = 0;
+  for (auto& rail : rails_) {
+    if (rail->device_cache) touched += rail->device_cache->invalidate(addr, bytes);
+  }
+  return touched;
+}
+
 void RdmaDriver::wake() {
   quiet_check_.store(true);
   if (wake_fd_ < 0) return;

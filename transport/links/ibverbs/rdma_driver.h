@@ -84,6 +84,11 @@ class RdmaDriver final : public Driver {
   const CudaDriver* cuda() const { return cuda_; }
   // A lane was shut down or failed: the progress thread looks for it to go quiet.
   void wake();
+  // Forgets the GPU memory registrations overlapping [addr, addr + bytes) on every rail: its
+  // owner frees the memory (NCCL's deregMr), and a new buffer at that address must not be
+  // read through the old registration. With the lock of every messenger whose lanes are on
+  // this driver held (lanes make the caches under it). Returns the entries touched.
+  size_t forgetDeviceMemory(const void* addr, size_t bytes);
 
  private:
   void openRails(const std::vector<HcaPort>& ports);

@@ -368,15 +368,7 @@ void RdmaLane::completionLocked(const ibv_wc& wc) {
           throw Error(std::string("ibv_post_recv failed: ") + std::strerror(rc));
         }
         ++posted_;
-        if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
-          throw ProtocolError("a write without immediate data");
-        }
-        const Immediate imm = decodeImmediate(ntohl(wc.imm_data));
-        if (imm.kind == ImmKind::kCredit) {
-          send_->grant(imm.value);
-        } else {
-          onFrameLocked(imm.value, wc.byte_len);
-        }
+        takeReceiveLocked(wc, true);
         break;
       }
     }
@@ -403,14 +395,21 @@ void RdmaLane::lateFrameLocked(const ibv_wc& wc) {
   // and will not send it again: it is in our ring, and taken even though the lane is failing
   // (its receive completed before the flushes), so that the failover report counts it.
   // Nothing is posted again; credits go nowhere.
-  if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) return;
-  const Immediate imm = decodeImmediate(ntohl(wc.imm_data));
-  if (imm.kind == ImmKind::kCredit) return;
   try {
-    onFrameLocked(imm.value, wc.byte_len);
+    takeReceiveLocked(wc, false);
   } catch (const ProtocolError& e) {
     messenger().protocolErrorLocked(index(), name() + ": " + e.what());
   }
+}
+
+void RdmaLane::takeReceiveLocked(const ibv_wc& wc, bool live) {
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) throw ProtocolError("a write without immediate data");
+  const Immediate imm = decodeImmediate(ntohl(wc.imm_data));
+  if (imm.kind == ImmKind::kCredit) {
+    if (live) send_->grant(imm.value);
+    return;
+  }
+  onFrameLocked(imm.value, wc.byte_len);
 }
 
 void RdmaLane::onFrameLocked(uint32_t slot, uint32_t byte_len) {

@@ -101,6 +101,9 @@ class RdmaLane final : public Link {
   void onFrameLocked(uint32_t slot, uint32_t byte_len);
   // A frame whose receive completed after the lane failed or was shut.
   void lateFrameLocked(const ibv_wc& wc);
+  // What a completed receive brought: a frame in the ring (landed), or credits (granted while
+  // the lane is `live`). ProtocolError for a write without immediate data, or a bad frame.
+  void takeReceiveLocked(const ibv_wc& wc, bool live);
   void failLocked(const std::string& why);
 
   RdmaDriver& driver_;
