@@ -192,6 +192,41 @@ TEST_F(NcclPluginRdma, GpuMemoryIsOfferedOnlyWhereEveryDataLinkIsALane) {
   EXPECT_EQ(plugin_->net->closeRecv(recv_comm), nccl::Result::kSuccess);
 }
 
+// NCCL merging devices (makeVDevice, NCCL_NET_MERGE_LEVEL): the loopback and the HCA port as
+// one virtual device, which stripes by measured rate as the fused device does. Last: it adds
+// a device to the process's plugin.
+TEST_F(NcclPluginRdma, AVirtualDeviceOverTheHcaAndTheLoopbackStripesOverBoth) {
+  nccl::VirtualDeviceProps members{};
+  members.ndevs = 2;
+  members.devs[0] = device("railshard-lo");
+  members.devs[1] = device("railshard-fake0:1");
+  int dev = -1;
+  ASSERT_EQ(plugin_->net->makeVDevice(&dev, &members), nccl::Result::kSuccess) << test::allLogged();
+  EXPECT_EQ(dev, device("railshard-vdev(lo+fake0:1)"));
+  nccl::PropertiesV11 props{};
+  ASSERT_EQ(plugin_->net->getProperties(dev, &props), nccl::Result::kSuccess);
+  EXPECT_EQ(props.base.vprops.ndevs, 2);
+  EXPECT_EQ(props.base.vprops.devs[0], members.devs[0]);
+  EXPECT_EQ(props.base.vprops.devs[1], members.devs[1]);
+  EXPECT_EQ(props.base.ptr_support, nccl::kPtrHost);
+  // A device that is not the plugin's is refused, saying which.
+  nccl::VirtualDeviceProps bad{};
+  bad.ndevs = 1;
+  bad.devs[0] = 42;
+  int none = -1;
+  EXPECT_EQ(plugin_->net->makeVDevice(&none, &bad), nccl::Result::kInternalError);
+  EXPECT_TRUE(test::logged("a virtual device over device 42")) << test::allLogged();
+
+  const uint64_t before = bytes_written_("fake0");
+  constexpr int kCount = 96;
+  constexpr size_t kBytes = 1 << 20;
+  const uint64_t lo = stream(dev, kCount, kBytes);
+  const uint64_t rdma = bytes_written_("fake0") - before;
+  EXPECT_GT(lo, uint64_t{4} << 20) << test::allLogged();
+  EXPECT_GT(rdma, uint64_t{4} << 20);
+  EXPECT_GE(lo + rdma, uint64_t{kCount} * kBytes);
+}
+
 #else
 
 TEST(NcclPluginRdma, NeedsTheRdmaTransport) {

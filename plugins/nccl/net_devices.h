@@ -31,7 +31,8 @@ struct NetDevice {
   std::string name;        // "railshard-rail0", "railshard-fused(rail0+rail1)"
   std::vector<int> rails;  // indices into the rails
   bool fused = false;
-  bool tcp_data = true;  // its TCP rails carry data (else only control: an RDMA rail alone)
+  bool tcp_data = true;      // its TCP rails carry data (else only control: an RDMA rail alone)
+  std::vector<int> members;  // a virtual device's (makeVDevice): the devices it merges
 };
 
 // Which devices to offer (RAILSHARD_NCCL_DEVICES): the fused one (one device striping over

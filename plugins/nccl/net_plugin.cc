@@ -6,7 +6,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,7 +50,8 @@ struct Plugin {
   bool ready = false;
   Logger logger = nullptr;
   std::vector<Rail> rails;
-  std::vector<NetDevice> devices;
+  // A deque: makeVDevice appends while other threads hold a device (stable addresses).
+  std::deque<NetDevice> devices;
   LinkConfig links;
   RdmaConfig rdma;
   // Where RDMA-only devices take GPU memory (ptrSupport CUDA|DMABUF); null: host memory only.
@@ -143,7 +146,8 @@ Result init(Logger logger) {
                                       : "no: " + why);
       }
     }
-    p.devices = makeDevices(p.rails, options.set);
+    const std::vector<NetDevice> made = makeDevices(p.rails, options.set);
+    p.devices.assign(made.begin(), made.end());
     std::string names;
     for (const auto& d : p.devices) names += (names.empty() ? "" : ", ") + d.name;
     if (logger != nullptr) {
@@ -183,8 +187,13 @@ void fillProperties(int dev, const NetDevice& device, PropertiesV10& props) {
   props.latency = 0;  // NCCL's default
   props.max_comms = 65536;
   props.max_recvs = NetComm::kMaxRecvs;
-  props.vprops.ndevs = 1;
-  props.vprops.devs[0] = dev;
+  if (device.members.empty()) {
+    props.vprops.ndevs = 1;
+    props.vprops.devs[0] = dev;
+  } else {
+    props.vprops.ndevs = static_cast<int>(device.members.size());
+    for (size_t i = 0; i < device.members.size(); ++i) props.vprops.devs[i] = device.members[i];
+  }
   props.max_p2p_bytes = size_t{1} << 30;
   props.max_coll_bytes = size_t{1} << 30;
 }
@@ -298,6 +307,44 @@ Result accept(void* listen_comm, void** recv_comm, DeviceHandle** /*recv_dev_com
     if (established) {
       *recv_comm = new NetComm(false, std::move(*established), commOptions(*deviceAt(comm->dev)));
     }
+    return Result::kSuccess;
+  });
+}
+
+// NCCL merging devices (NCCL_NET_MERGE_LEVEL, v9 on): one device over the union of their
+// rails, striped by measured rate as the fused device is (not NCCL's even split). Its TCP
+// rails carry data when any member's did.
+Result makeVDevice(int* dev, VirtualDeviceProps* props) {
+  return guarded("makeVDevice", [&] {
+    Plugin& p = plugin();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (props == nullptr || props->ndevs < 1 || props->ndevs > kMaxDevsPerNic) {
+      throw InvalidArgument("a virtual device of " +
+                            std::to_string(props == nullptr ? 0 : props->ndevs) +
+                            " devices (1 to " + std::to_string(kMaxDevsPerNic) + ")");
+    }
+    NetDevice merged;
+    merged.fused = true;
+    merged.tcp_data = false;
+    std::set<int> rails;
+    std::string names;
+    for (int i = 0; i < props->ndevs; ++i) {
+      const NetDevice* member = deviceAt(props->devs[i]);
+      if (member == nullptr || !member->members.empty()) {
+        throw InvalidArgument("a virtual device over device " + std::to_string(props->devs[i]) +
+                              " (not a device of this plugin, or virtual itself)");
+      }
+      rails.insert(member->rails.begin(), member->rails.end());
+      merged.tcp_data = merged.tcp_data || member->tcp_data;
+      merged.members.push_back(props->devs[i]);
+      if (!names.empty()) names += '+';
+      names += member->name.substr(member->name.find('-') + 1);  // "railshard-lo": "lo"
+    }
+    merged.rails.assign(rails.begin(), rails.end());
+    merged.name = "railshard-vdev(" + names + ")";
+    p.devices.push_back(std::move(merged));
+    *dev = static_cast<int>(p.devices.size()) - 1;
+    RS_LOG_INFO("NCCL plugin: device {} is {}", *dev, p.devices.back().name);
     return Result::kSuccess;
   });
 }
@@ -459,25 +506,26 @@ __attribute__((visibility("default"))) rn::NetV8 ncclNetPlugin_v8 = {
     rn::iflush,  rn::test,  rn::closeComm,   rn::closeComm,       rn::closeListen, nullptr,
     nullptr};
 
-__attribute__((visibility("default"))) rn::NetV9 ncclNetPlugin_v9 = {
-    "railshard", rn::init,  rn::devices,     rn::getPropertiesV10, rn::listen,      rn::connect,
-    rn::accept,  rn::regMr, rn::regMrDmaBuf, rn::deregMr,          rn::isendV9,     rn::irecvV9,
-    rn::iflush,  rn::test,  rn::closeComm,   rn::closeComm,        rn::closeListen, nullptr,
-    nullptr,     nullptr};
+__attribute__((visibility("default")))
+rn::NetV9 ncclNetPlugin_v9 = {"railshard",     rn::init,    rn::devices,   rn::getPropertiesV10,
+                              rn::listen,      rn::connect, rn::accept,    rn::regMr,
+                              rn::regMrDmaBuf, rn::deregMr, rn::isendV9,   rn::irecvV9,
+                              rn::iflush,      rn::test,    rn::closeComm, rn::closeComm,
+                              rn::closeListen, nullptr,     nullptr,       rn::makeVDevice};
 
 __attribute__((visibility("default"))) rn::NetV10 ncclNetPlugin_v10 = {
     "railshard",     rn::initV10,    rn::devices,   rn::getPropertiesV10,
     rn::listen,      rn::connectV10, rn::accept,    rn::regMr,
     rn::regMrDmaBuf, rn::deregMr,    rn::isendV10,  rn::irecvV10,
     rn::iflush,      rn::test,       rn::closeComm, rn::closeComm,
-    rn::closeListen, nullptr,        nullptr,       nullptr};
+    rn::closeListen, nullptr,        nullptr,       rn::makeVDevice};
 
 __attribute__((visibility("default"))) rn::NetV11 ncclNetPlugin_v11 = {
     "railshard",     rn::initV11,    rn::devices,   rn::getPropertiesV11,
     rn::listenV11,   rn::connectV11, rn::accept,    rn::regMr,
     rn::regMrDmaBuf, rn::deregMr,    rn::isendV10,  rn::irecvV10,
     rn::iflush,      rn::test,       rn::closeComm, rn::closeComm,
-    rn::closeListen, nullptr,        nullptr,       nullptr,
+    rn::closeListen, nullptr,        nullptr,       rn::makeVDevice,
     rn::finalizeV11, nullptr};
 
 }  // extern "C"
