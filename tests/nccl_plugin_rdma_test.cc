@@ -110,6 +110,19 @@ class NcclPluginRdma : public ::testing::Test {
     return lo;
   }
 
+  // Streams 96 x 1 MiB on `dev`, exact; the loopback and the HCA each carried a real share,
+  // and together at least all of it.
+  void expectBothRailsCarry(int dev) {
+    const uint64_t before = bytes_written_("fake0");
+    constexpr int kCount = 96;
+    constexpr size_t kBytes = 1 << 20;
+    const uint64_t lo = stream(dev, kCount, kBytes);
+    const uint64_t rdma = bytes_written_("fake0") - before;
+    EXPECT_GT(lo, uint64_t{4} << 20) << test::allLogged();
+    EXPECT_GT(rdma, uint64_t{4} << 20);
+    EXPECT_GE(lo + rdma, uint64_t{kCount} * kBytes);
+  }
+
   static LoadedPlugin* plugin_;
   BytesWritten bytes_written_ = nullptr;
 };
@@ -135,15 +148,7 @@ TEST_F(NcclPluginRdma, OffersTheHcaPortAloneAndInTheFusedDevice) {
 TEST_F(NcclPluginRdma, TheFusedDeviceStripesOverTheHcaAndTcpAndEveryByteIsExact) {
   const int dev = device("railshard-fused(lo+fake0:1)");
   ASSERT_GE(dev, 0);
-  const uint64_t before = bytes_written_("fake0");
-  constexpr int kCount = 96;
-  constexpr size_t kBytes = 1 << 20;
-  const uint64_t lo = stream(dev, kCount, kBytes);
-  const uint64_t rdma = bytes_written_("fake0") - before;
-  // Both rails carried a real share of the 96 MiB, and together at least all of it.
-  EXPECT_GT(lo, uint64_t{4} << 20) << test::allLogged();
-  EXPECT_GT(rdma, uint64_t{4} << 20);
-  EXPECT_GE(lo + rdma, uint64_t{kCount} * kBytes);
+  expectBothRailsCarry(dev);
 }
 
 TEST_F(NcclPluginRdma, TheHcaPortAloneCarriesTheDataAndTcpOnlyItsRecords) {
@@ -217,14 +222,7 @@ TEST_F(NcclPluginRdma, AVirtualDeviceOverTheHcaAndTheLoopbackStripesOverBoth) {
   EXPECT_EQ(plugin_->net->makeVDevice(&none, &bad), nccl::Result::kInternalError);
   EXPECT_TRUE(test::logged("a virtual device over device 42")) << test::allLogged();
 
-  const uint64_t before = bytes_written_("fake0");
-  constexpr int kCount = 96;
-  constexpr size_t kBytes = 1 << 20;
-  const uint64_t lo = stream(dev, kCount, kBytes);
-  const uint64_t rdma = bytes_written_("fake0") - before;
-  EXPECT_GT(lo, uint64_t{4} << 20) << test::allLogged();
-  EXPECT_GT(rdma, uint64_t{4} << 20);
-  EXPECT_GE(lo + rdma, uint64_t{kCount} * kBytes);
+  expectBothRailsCarry(dev);
 }
 
 #else
