@@ -13,30 +13,46 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <thread>
+
+#include <prometheus/check_names.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include "base/error.h"
 #include "base/logging.h"
+#include "base/metrics_collectable.h"
 
 namespace railshard::metrics {
 namespace {
 
 enum class Type { kCounter, kGauge };
 
+// The values live in prometheus-cpp's registry (families of counters and gauges); what this
+// keeps beside them is what prometheus-cpp does not: a metric's type decided by its first use,
+// help text that may come after that use, and the type rules checked with errors that name
+// the metric.
 struct Metric {
   Type type = Type::kCounter;
   std::string help;
   bool described = false;
-  std::map<Labels, double> series;  // sorted labels -> value; map order is the render order
+  prometheus::Family<prometheus::Counter>* counters = nullptr;
+  prometheus::Family<prometheus::Gauge>* gauges = nullptr;
 };
 
-// One mutex per concern: the registry's is held only for map updates, the collectors' while
+// One mutex per concern: the registry's is held only for updates, the collectors' while
 // collectors run (so removeCollector can wait for a running one), the exporter's around
 // start/stop. A collector takes the registry's inside the collectors' — never the reverse.
 struct Registry {
   std::mutex mutex;
+  std::shared_ptr<prometheus::Registry> values = std::make_shared<prometheus::Registry>();
   std::map<std::string, Metric, std::less<>> metrics;
 };
 
@@ -70,40 +86,26 @@ Exporter& exporter() {
   return *instance;
 }
 
-bool validName(std::string_view name, bool colons) {
-  if (name.empty()) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alpha =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colons && c == ':');
-    const bool digit = c >= '0' && c <= '9';
-    if (!alpha && !(digit && i > 0)) return false;
-  }
-  return true;
-}
-
 void checkName(std::string_view name) {
-  if (!validName(name, true)) {
+  if (!prometheus::CheckMetricName(std::string(name))) {
     throw InvalidArgument("metrics: '" + std::string(name) +
                           "' is not a valid metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)");
   }
 }
 
-// Sorted by key, so the same label set in any order is the same series.
-Labels normalised(std::string_view name, const Labels& labels) {
-  Labels sorted = labels;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const std::string& key = sorted[i].first;
-    if (!validName(key, false) || key.rfind("__", 0) == 0) {
+// prometheus-cpp's label set (a std::map: the same labels in any order are one series).
+prometheus::Labels labelsOf(std::string_view name, const Labels& labels) {
+  prometheus::Labels out;
+  for (const auto& [key, value] : labels) {
+    if (!prometheus::CheckLabelName(key)) {
       throw InvalidArgument("metrics: " + std::string(name) + ": '" + key +
                             "' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)");
     }
-    if (i > 0 && sorted[i - 1].first == key) {
+    if (!out.emplace(key, value).second) {
       throw InvalidArgument("metrics: " + std::string(name) + ": label '" + key + "' given twice");
     }
   }
-  return sorted;
+  return out;
 }
 
 const char* typeName(Type type) {
@@ -113,37 +115,16 @@ const char* typeName(Type type) {
 // The metric `name`, created with `type` on first use.
 Metric& metricFor(Registry& r, std::string_view name, Type type) {
   auto it = r.metrics.find(name);
-  if (it == r.metrics.end()) {
-    it = r.metrics.emplace(std::string(name), Metric{}).first;
-    it->second.type = type;
+  if (it != r.metrics.end()) return it->second;
+  Metric metric;
+  metric.type = type;
+  // The help given here is replaced at collection (collect()), so a later describe() counts.
+  if (type == Type::kCounter) {
+    metric.counters = &prometheus::BuildCounter().Name(std::string(name)).Register(*r.values);
+  } else {
+    metric.gauges = &prometheus::BuildGauge().Name(std::string(name)).Register(*r.values);
   }
-  return it->second;
-}
-
-std::string escaped(std::string_view text, bool quotes) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"' && quotes) {
-      out += "\\\"";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// Shortest text that reads back as the same double; the format's spellings for the rest.
-std::string number(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  char text[64];
-  const auto result = std::to_chars(text, text + sizeof(text), value);
-  return std::string(text, result.ptr);
+  return r.metrics.emplace(std::string(name), std::move(metric)).first->second;
 }
 
 void runCollectors() {
@@ -239,20 +220,27 @@ void describe(std::string_view name, std::string_view type, std::string_view hel
 
 void add(std::string_view name, const Labels& labels, double delta) {
   checkName(name);
-  Labels key = normalised(name, labels);
+  const prometheus::Labels key = labelsOf(name, labels);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   Metric& metric = metricFor(r, name, Type::kCounter);
-  if (metric.type == Type::kCounter && !(delta >= 0)) {
-    throw InvalidArgument("metrics: " + std::string(name) + " is a counter; delta " +
-                          number(delta) + " must be >= 0");
+  if (metric.type == Type::kGauge) {
+    metric.gauges->Add(key).Increment(delta);
+    return;
   }
-  metric.series[std::move(key)] += delta;
+  // prometheus-cpp ignores a negative increment without a word; here it is the caller's bug.
+  if (!(delta >= 0)) {
+    char text[32];
+    const auto printed = std::to_chars(text, text + sizeof(text), delta);
+    throw InvalidArgument("metrics: " + std::string(name) + " is a counter; delta " +
+                          std::string(text, printed.ptr) + " must be >= 0");
+  }
+  metric.counters->Add(key).Increment(delta);
 }
 
 void set(std::string_view name, const Labels& labels, double value) {
   checkName(name);
-  Labels key = normalised(name, labels);
+  const prometheus::Labels key = labelsOf(name, labels);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   Metric& metric = metricFor(r, name, Type::kGauge);
@@ -260,47 +248,47 @@ void set(std::string_view name, const Labels& labels, double value) {
     throw InvalidArgument("metrics: " + std::string(name) +
                           " is a counter; set() is for gauges (use add())");
   }
-  metric.series[std::move(key)] = value;
+  metric.gauges->Add(key).Set(value);
 }
 
 double value(std::string_view name, const Labels& labels) {
-  const Labels key = normalised(name, labels);
+  const prometheus::Labels key = labelsOf(name, labels);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  const auto metric = r.metrics.find(name);
-  if (metric == r.metrics.end()) return 0;
-  const auto series = metric->second.series.find(key);
-  return series == metric->second.series.end() ? 0 : series->second;
+  const auto it = r.metrics.find(name);
+  if (it == r.metrics.end()) return 0;
+  const Metric& metric = it->second;
+  if (metric.type == Type::kCounter) {
+    return metric.counters->Has(key) ? metric.counters->Add(key).Value() : 0;
+  }
+  return metric.gauges->Has(key) ? metric.gauges->Add(key).Value() : 0;
 }
 
-std::string renderPrometheus() {
+std::vector<prometheus::MetricFamily> collect() {
   runCollectors();
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  std::string out;
-  for (const auto& [name, metric] : r.metrics) {
-    if (metric.series.empty()) continue;  // described but never written: nothing to scrape
-    out += "# HELP " + name + " " +
-           escaped(metric.described ? metric.help : "railshard metric (not described)", false) +
-           "\n";
-    out += "# TYPE " + name + " " + typeName(metric.type) + "\n";
-    for (const auto& [labels, v] : metric.series) {
-      out += name;
-      if (!labels.empty()) {
-        out += "{";
-        for (size_t i = 0; i < labels.size(); ++i) {
-          if (i > 0) out += ",";
-          out += labels[i].first + "=\"" + escaped(labels[i].second, true) + "\"";
-        }
-        out += "}";
-      }
-      // Appended piecewise: GCC 12 warns falsely (-Warray-bounds) on " " + std::string.
-      out += ' ';
-      out += number(v);
-      out += '\n';
-    }
+  std::vector<prometheus::MetricFamily> families = r.values->Collect();
+  std::vector<prometheus::MetricFamily> out;
+  out.reserve(families.size());
+  for (auto& family : families) {
+    if (family.metric.empty()) continue;  // described but never written: nothing to scrape
+    const auto it = r.metrics.find(family.name);
+    family.help = it != r.metrics.end() && it->second.described
+                      ? it->second.help
+                      : "railshard metric (not described)";
+    // prometheus-cpp keeps series in a hash map: sorted here, so a scrape reads the same way
+    // twice (metrics by name, series by their sorted labels).
+    std::sort(family.metric.begin(), family.metric.end(),
+              [](const auto& a, const auto& b) { return a.label < b.label; });
+    out.push_back(std::move(family));
   }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
+}
+
+std::string renderPrometheus() {
+  return prometheus::TextSerializer().Serialize(collect());
 }
 
 int addCollector(std::function<void()> collector) {
@@ -321,6 +309,7 @@ void reset() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.metrics.clear();
+  r.values = std::make_shared<prometheus::Registry>();
 }
 
 void startFileExporter(const std::string& path, std::chrono::milliseconds interval) {

@@ -19,7 +19,9 @@
 # replica's parameter checksum must be the same (the joiner's too).
 #
 #   benchmarks/elastic_restart.sh [TORCH_BUILD_DIR] [TRIALS] [LAYOUT]
-# TORCH_BUILD_DIR: a build with the extension for the venv's torch (default build-torch2).
+# TORCH_BUILD_DIR: a build with the extension for the venv's torch (default build-torch2), or
+# "installed": railshard is pip-installed for RAILSHARD_BENCH_PYTHON (the tools are that
+# environment's console commands, nothing goes on PYTHONPATH).
 # torchrun trials need /opt/railshard-torch-venv (scripts/torch_venv.sh); without it only
 # railshard's run.
 # LAYOUT 1x4 (default): one host, railshard-launch. LAYOUT 2x2: two emulated hosts of the
@@ -29,18 +31,25 @@
 # torchrun trials in 2x2.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "$root" && cd "${1:-build-torch2}" && pwd)  # relative to the checkout, or absolute
 trials=${2:-3}
 layout=${3:-1x4}
 venv=${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv}
 # RAILSHARD_BENCH_PYTHON: the interpreter the ranks run (its torch must be the build's).
 python=${RAILSHARD_BENCH_PYTHON:-$venv/bin/python}
 [ -x "$python" ] || python=python3
-launch=$build/launcher/tools/railshard-launch
+if [ "${1:-}" = installed ]; then
+  tools=$(dirname "$python")
+  pypath=""
+else
+  build=$(cd "$root" && cd "${1:-build-torch2}" && pwd)  # relative to the checkout, or absolute
+  tools=$build/launcher/tools
+  pypath=$build/python
+fi
+launch=$tools/railshard-launch
 [ -x "$launch" ] || { echo "no $launch (build railshard-launch)" >&2; exit 2; }
-store=$build/launcher/tools/railshard-store
+store=$tools/railshard-store
 if [ "$layout" = 2x2 ] && [ ! -x "$store" ]; then
-  echo "no $store (cmake --build $build --target railshard-store)" >&2
+  echo "no $store (cmake --build BUILD --target railshard-store)" >&2
   exit 2
 fi
 tmp=$(mktemp -d)
@@ -59,7 +68,7 @@ netnsTrial() {
   local pids=() r status=0
   local env=(RAILSHARD_WORLD_SIZE=4 RAILSHARD_STORE_ADDR=10.200.0.1:$port
              RAILSHARD_STORE_EXTERNAL=1 RAILSHARD_TOKEN=elastic-bench
-             PYTHONPATH="$build/python" OMP_NUM_THREADS=1)
+             PYTHONPATH="$pypath" OMP_NUM_THREADS=1)
   rm -f "$tmp/addr"
   "$tb" run "$bed" 0 env RAILSHARD_TOKEN=elastic-bench "$store" --host 10.200.0.1 \
     --port "$port" --address-file "$tmp/addr" >/dev/null 2>"$tmp/store.err" &
@@ -97,12 +106,12 @@ for ((t = 0; t < trials; ++t)); do
     netnsTrial "$t"
     continue
   fi
-  PYTHONPATH="$build/python" OMP_NUM_THREADS=1 timeout 300 "$launch" -n 4 \
+  PYTHONPATH="$pypath" OMP_NUM_THREADS=1 timeout 300 "$launch" -n 4 \
     --max-restarts 1 "$python" "$root/examples/train.py" --elastic "${common[@]}" \
     >"$tmp/railshard.$t.out" 2>&1 || echo "railshard trial $t: exit $?" >&2
   if [ -x "$venv/bin/torchrun" ]; then
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see benchmarks/torchrun_restart.sh.
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONPATH="$build/python" OMP_NUM_THREADS=1 \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONPATH="$pypath" OMP_NUM_THREADS=1 \
       timeout 300 "$venv/bin/torchrun" --standalone --nproc_per_node 4 --max-restarts 1 \
       "$root/examples/train.py" --backend railshard "${common[@]}" --quiet \
       >"$tmp/torchrun.$t.out" 2>&1 || echo "torchrun trial $t: exit $?" >&2

@@ -1,7 +1,8 @@
 # railshard_find_torch(): asks a Python interpreter for its torch's build facts and sets, in
 # the caller's scope, RAILSHARD_TORCH_FOUND, RAILSHARD_PYTHON, RAILSHARD_TORCH_VERSION,
 # RAILSHARD_TORCH_INCLUDE_DIRS, RAILSHARD_TORCH_LIBRARIES, RAILSHARD_TORCH_DEFINITIONS and
-# RAILSHARD_PYTHON_INCLUDE_DIR / RAILSHARD_PYTHON_EXT_SUFFIX / RAILSHARD_PYTHON_SITE.
+# RAILSHARD_PYTHON_INCLUDE_DIR / RAILSHARD_PYTHON_EXT_SUFFIX /
+# RAILSHARD_PYTHON_VERSION (3.X).
 #
 # Why not find_package(Torch): the PyPI wheel's TorchConfig drags in CUDA and cuDNN checks,
 # and neither it nor Debian's tells the pybind11 ABI tags the module must share with
@@ -22,12 +23,14 @@ for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
         print("pybind_" + name + "=" + value)
 print("pyinclude=" + sysconfig.get_paths()["include"])
 print("extsuffix=" + sysconfig.get_config_var("EXT_SUFFIX"))
-print("site=" + sysconfig.get_paths()["platlib"])
+print("pyversion=" + sysconfig.get_python_version())
 print("cuda=" + str(int(torch.version.cuda is not None)))
 ]=])
 
 function(_railshard_probe_torch python out_ok)
-  execute_process(COMMAND ${python} -c "${_railshard_torch_probe}"
+  # RAILSHARD_PROBE_ENV: set by the pip build (cmake/python_package_checks.cmake).
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env ${RAILSHARD_PROBE_ENV}
+    ${python} -c "${_railshard_torch_probe}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT rc EQUAL 0)
     set(${out_ok} FALSE PARENT_SCOPE)
@@ -89,7 +92,7 @@ macro(railshard_find_torch)
     endif()
     set(RAILSHARD_PYTHON_INCLUDE_DIR "${_probe_pyinclude}")
     set(RAILSHARD_PYTHON_EXT_SUFFIX "${_probe_extsuffix}")
-    set(RAILSHARD_PYTHON_SITE "${_probe_site}")
+    set(RAILSHARD_PYTHON_VERSION "${_probe_pyversion}")
     set(RAILSHARD_TORCH_CUDA "${_probe_cuda}")
     set(RAILSHARD_TORCH_LIBRARIES "")
     foreach(_lib c10 torch torch_cpu torch_python)

@@ -4,9 +4,9 @@
 # Python tests again under a current torch 2.x:
 #   - scripts/torch_venv.sh makes sure the cached venv with torch 2.x exists (outside the
 #     checkout; created only when missing, which needs network access once);
-#   - build-torch2/ builds only the extension (and railshard-launch, railshard-store) for
-#     that torch;
-#   - pytest runs tests/python with that venv's interpreter against build-torch2/python.
+#   - `pip wheel .` builds the pip package against that torch (only the library, the extension
+#     and the tools), scripts/pip_venv.sh installs it into a fresh venv;
+#   - pytest runs tests/python with that venv's interpreter against the installed package.
 # RAILSHARD_SKIP_TORCH2=1 skips the torch 2.x pass (a machine without network). Both passes
 # always run; the script fails if either fails.
 set -euo pipefail
@@ -38,17 +38,23 @@ if ! venv=$("$root/scripts/torch_venv.sh"); then
   echo "test.sh: no torch 2.x venv (see above); the torch 2.x pass FAILED" >&2
   exit 1
 fi
-build2="$root/build-torch2"
-cmake -S "$root" -B "$build2" -DCMAKE_BUILD_TYPE=Release \
-  -DRAILSHARD_PYTHON="$venv/bin/python" -DRAILSHARD_WITH_TORCH=ON \
-  -DRAILSHARD_BUILD_TESTS=OFF -DRAILSHARD_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build2" -j "$(nproc)" --target railshard_torch railshard-launch railshard-store
+# The package as PyTorch users install it: `pip wheel .` against that venv's torch (pip's own
+# build isolation; pyproject.toml says how the torch is matched), then the wheel installed into
+# a fresh venv that sees the cached torch through a .pth file (scripts/pip_venv.sh). The tests
+# run against that install: no build tree on PYTHONPATH, the tools are the venv's commands.
+dist="$root/build-pip/dist"
+rm -rf "$root/build-pip"
+if ! "$venv/bin/python" -m pip wheel --no-deps --quiet -w "$dist" "$root"; then
+  echo "test.sh: pip wheel . FAILED (see above)" >&2
+  exit 1
+fi
+wheel=$(ls "$dist"/railshard-*.whl)
+pkg_venv=$("$root/scripts/pip_venv.sh" "$venv" "$root/build-pip/venv" "$wheel")
 # From tests/python with no cache and no bytecode: nothing is left in the source tree.
 (cd "$root/tests/python" &&
-  RAILSHARD_BUILD_PYTHON="$build2/python" RAILSHARD_REQUIRE_MODULE=1 \
-  RAILSHARD_LAUNCH="$build2/launcher/tools/railshard-launch" \
+  RAILSHARD_INSTALLED=1 RAILSHARD_REQUIRE_MODULE=1 RAILSHARD_WHEEL="$wheel" \
   PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 \
-  "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider .) || status=1
+  "$pkg_venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider .) || status=1
 if [ $status -ne 0 ]; then
   echo "test.sh: FAILED (see above)" >&2
 fi

@@ -27,13 +27,16 @@ if [ $system_torch = 1 ]; then
   python=/usr/bin/python3
   venv_flags=(--system-site-packages)
   packages=(expecttest hypothesis)
+  extras=(expecttest hypothesis)
   torch_check='int(torch.__version__.split(".")[0]) >= 1'
   wants="Debian's torch, numpy or pytest"
 else
   venv=${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv}
   python=${RAILSHARD_VENV_PYTHON:-python3}
   venv_flags=()
-  packages=("torch>=2" numpy pytest expecttest hypothesis)
+  packages=("torch>=2" numpy pytest expecttest hypothesis pytorch-lightning)
+  # pytorch-lightning: tests/python/test_lightning.py trains with its DDPStrategy.
+  extras=(expecttest hypothesis pytorch-lightning)
   torch_check='int(torch.__version__.split(".")[0]) >= 2'
   wants="torch >= 2, numpy or pytest"
 fi
@@ -49,13 +52,16 @@ EOF
 }
 
 # PyTorch's own distributed test base (tests/python/torch_suite.py) needs expecttest and
-# hypothesis beside torch: added to a venv that has torch but not them, without recreating it.
+# hypothesis beside torch, the torch 2.x venv also PyTorch Lightning: added to a venv that has
+# torch but not them, without recreating it.
 extras_ok() {
-  "$venv/bin/python" -c 'import expecttest, hypothesis' >/dev/null 2>&1
+  local modules=expecttest,hypothesis
+  [ $system_torch = 1 ] || modules+=,pytorch_lightning
+  "$venv/bin/python" -c "import $modules" >/dev/null 2>&1
 }
 add_extras() {
   extras_ok || "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
-    --quiet expecttest hypothesis >&2 || say "could not install expecttest/hypothesis"
+    --quiet "${extras[@]}" >&2 || say "could not install ${extras[*]}"
 }
 
 if usable; then
@@ -106,7 +112,7 @@ if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --
   exit 1
 fi
 if ! usable || ! extras_ok; then
-  say "$venv was created but lacks $wants, expecttest or hypothesis"
+  say "$venv was created but lacks $wants or one of ${extras[*]}"
   exit 1
 fi
 say "ready: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"

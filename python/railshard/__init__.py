@@ -9,6 +9,7 @@ See docs/pytorch.md.
 """
 
 import atexit
+import os
 
 import torch
 import torch.distributed as dist
@@ -84,4 +85,13 @@ from .sampler import ThroughputSampler  # noqa: E402,F401
 from .memory import is_out_of_memory  # noqa: E402,F401
 from .hooks import loss_scale, weighted_allreduce_hook  # noqa: E402,F401
 from .launch import fill_env, init_process_group  # noqa: E402,F401
+
+__version__ = _build_info.version
+
+# Under mpirun or srun, which set no RANK/WORLD_SIZE, the plain dist.init_process_group("railshard")
+# would fail for want of env:// variables: they are filled in here from the launcher's own
+# (launch.fill_env). Only when RANK and WORLD_SIZE are both unset: what torchrun or the user
+# set is never touched.
+if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+    fill_env()
 from .elastic import ElasticDataParallel, ElasticGroup, is_peer_lost  # noqa: E402,F401

@@ -1,9 +1,11 @@
 """Shared harness for railshard's torch.distributed tests.
 
 Finding the extension
-    The package lives in <build>/python/railshard. The build's python directory is taken from
-    RAILSHARD_BUILD_PYTHON when set (put first on sys.path); otherwise, unless PYTHONPATH is set
-    (then it decides), from <repo>/build/python. If `import railshard` fails the whole suite is
+    RAILSHARD_INSTALLED=1: railshard is pip-installed in this interpreter's environment
+    (scripts/test.sh's torch 2.x pass): nothing is added to sys.path, and the tools are the
+    environment's console commands. Otherwise the package lives in <build>/python/railshard. The
+    build's python directory is taken from RAILSHARD_BUILD_PYTHON when set (put first on
+    sys.path); otherwise, unless PYTHONPATH is set (then it decides), from <repo>/build/python. If `import railshard` fails the whole suite is
     skipped with the import error as the reason -- unless RAILSHARD_REQUIRE_MODULE=1 (ctest sets
     it), which turns that into a failure: a build that registered the tests must pass them.
 
@@ -58,8 +60,9 @@ def _build_python_dir():
     return REPO / "build" / "python", False
 
 
+INSTALLED = os.environ.get("RAILSHARD_INSTALLED") == "1"
 BUILD_PYTHON, _EXPLICIT = _build_python_dir()
-if _EXPLICIT or not os.environ.get("PYTHONPATH"):
+if not INSTALLED and (_EXPLICIT or not os.environ.get("PYTHONPATH")):
     if str(BUILD_PYTHON) not in sys.path:
         sys.path.insert(0, str(BUILD_PYTHON))
 
@@ -165,11 +168,13 @@ def free_port():
 
 
 def child_env(extra=None):
-    """The environment for a subprocess rank: this interpreter's module path first."""
+    """The environment for a subprocess rank: this interpreter's module path first (an
+    installed package is found by the interpreter itself)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(MODULE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env["RAILSHARD_BUILD_PYTHON"] = str(MODULE_DIR)
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(MODULE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["RAILSHARD_BUILD_PYTHON"] = str(MODULE_DIR)
     env.setdefault("OMP_NUM_THREADS", "1")
     if extra:
         env.update({k: str(v) for k, v in extra.items()})
@@ -186,15 +191,29 @@ def launch_env(extra=None):
     return env
 
 
-def railshard_launch_binary():
-    """railshard-launch next to the module's build (or RAILSHARD_LAUNCH), or None."""
-    candidates = [os.environ.get("RAILSHARD_LAUNCH"),
-                  MODULE_DIR.parent / "launcher" / "tools" / "railshard-launch",
-                  REPO / "build" / "launcher" / "tools" / "railshard-launch"]
+def tool(name):
+    """The path of a railshard tool (railshard-launch, railshard-store, ...): RAILSHARD_LAUNCH
+    for the launcher when set; the environment's console command when the package is installed;
+    else next to the module's build, then <repo>/build. The first that exists, or the last
+    candidate (callers skip on .exists())."""
+    candidates = []
+    if name == "railshard-launch" and os.environ.get("RAILSHARD_LAUNCH"):
+        candidates.append(Path(os.environ["RAILSHARD_LAUNCH"]))
+    if INSTALLED:
+        candidates.append(Path(sys.executable).parent / name)
+    else:
+        candidates += [MODULE_DIR.parent / "launcher" / "tools" / name,
+                       REPO / "build" / "launcher" / "tools" / name]
     for c in candidates:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return str(c)
-    return None
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    return candidates[-1]
+
+
+def railshard_launch_binary():
+    """railshard-launch (see tool()), or None."""
+    launch = tool("railshard-launch")
+    return str(launch) if launch.exists() else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,14 +10,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
+from conftest import BUILD_PYTHON, INSTALLED, REPO, UNDER_TEST_IS_RAILSHARD, launch_env, tool
 
-LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
-                             BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
+LAUNCH = tool("railshard-launch")
 TRAIN = REPO / "examples" / "train.py"
 
 pytestmark = [
@@ -254,7 +252,7 @@ def test_the_elastic_sampler_hands_out_one_step_at_a_time(tmp_path):
     assert "TypeError: ThroughputSampler: unexpected argument(s) colour" in out, out
 
 
-STORE = BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-store"
+STORE = tool("railshard-store")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -268,7 +266,8 @@ def test_on_two_emulated_hosts_a_hand_restarted_rank_rejoins():
     env = launch_env()
     env["RAILSHARD_BENCH_PYTHON"] = sys.executable
     proc = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "elastic_restart.sh"), str(BUILD_PYTHON.parent), "1",
+        ["bash", str(REPO / "benchmarks" / "elastic_restart.sh"),
+         "installed" if INSTALLED else str(BUILD_PYTHON.parent), "1",
          "2x2"], env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -3,15 +3,15 @@ mpirun, torchrun (python -m torch.distributed.run). Real launchers, real process
 all-reduces its rank + 1 and checks the sum, so a wrong world (bad RANK/WORLD_SIZE mapping)
 fails, not only a missing one."""
 
-import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import BUILD_PYTHON
+from conftest import child_env, tool
 
 SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist, railshard
@@ -24,14 +24,13 @@ SCRIPT = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
-LAUNCH = BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"
+LAUNCH = tool("railshard-launch")
 
 
 def _run(cmd, tmp_path, extra_env=None, text=SCRIPT, timeout=180):
     script = tmp_path / "allreduce_script.py"
     script.write_text(text)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_PYTHON), env.get("PYTHONPATH", "")])
+    env = child_env()
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(name, None)
     env.update(extra_env or {})
@@ -53,15 +52,34 @@ def test_railshard_launch(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (apt-get install openmpi-bin)")
-def test_mpirun(tmp_path, free_port=None):
-    import socket
-
+def test_mpirun(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "3",
-           "-x", "PYTHONPATH", "-x", "MASTER_PORT", sys.executable]
-    _check(_run(cmd, tmp_path, {"MASTER_PORT": str(port)}), 3)
+    _check(_run(_mpirun(3), tmp_path, {"MASTER_PORT": str(port)}), 3)
+
+
+# The README's snippet as written: torch's own init_process_group, no railshard helper. mpirun
+# sets no RANK/WORLD_SIZE; `import railshard` fills them in from OpenMPI's variables.
+PLAIN_SCRIPT = SCRIPT.replace("railshard.init_process_group()",
+                              'dist.init_process_group("railshard")')
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (apt-get install openmpi-bin)")
+def test_mpirun_with_torchs_own_init_process_group(tmp_path):
+    assert PLAIN_SCRIPT != SCRIPT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _check(_run(_mpirun(2), tmp_path, {"MASTER_PORT": str(port)}, text=PLAIN_SCRIPT), 2)
+
+
+def _mpirun(n):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n),
+           "-x", "MASTER_PORT"]
+    if "PYTHONPATH" in child_env():  # a build tree's module; an installed one needs nothing
+        cmd += ["-x", "PYTHONPATH"]
+    return cmd + [sys.executable]
 
 
 TORCH_MAJOR = int(__import__("torch").__version__.split(".")[0])

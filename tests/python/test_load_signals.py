@@ -8,14 +8,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
+from conftest import REPO, UNDER_TEST_IS_RAILSHARD, launch_env, tool
 
-LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
-                             BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
+LAUNCH = tool("railshard-launch")
 TRAIN = REPO / "examples" / "train.py"
 
 pytestmark = [

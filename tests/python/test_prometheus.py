@@ -5,7 +5,6 @@ collectives, bytes per rail, the dispatcher's shares and throughputs, the ranks'
 signals -- from every rank."""
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -15,14 +14,12 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from conftest import BUILD_PYTHON, REPO, UNDER_TEST_IS_RAILSHARD, launch_env
+from conftest import REPO, UNDER_TEST_IS_RAILSHARD, launch_env, tool
 
-LAUNCH = Path(os.environ.get("RAILSHARD_LAUNCH",
-                             BUILD_PYTHON.parent / "launcher" / "tools" / "railshard-launch"))
+LAUNCH = tool("railshard-launch")
 PROMETHEUS = shutil.which("prometheus")
 
 pytestmark = [
