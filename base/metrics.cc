@@ -214,7 +214,10 @@ void describe(std::string_view name, std::string_view type, std::string_view hel
     throw InvalidArgument("metrics: " + std::string(name) + " is already a " +
                           typeName(metric.type) + ", cannot describe it as a " + std::string(type));
   }
+  // prometheus-cpp 1.0 writes help text as it is: a newline would end the # HELP line and
+  // break the scrape, so the text is kept to one line here.
   metric.help = std::string(help);
+  std::replace(metric.help.begin(), metric.help.end(), '\n', ' ');
   metric.described = true;
 }
 

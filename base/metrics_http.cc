@@ -39,7 +39,7 @@ struct Server {
 };
 
 Server& server() {
-  static auto* s = new Server;  // never destroyed: stopped at exit by the atexit handler
+  static auto* s = new Server;  // never destroyed (see startHttpExporter)
   return *s;
 }
 
@@ -58,9 +58,9 @@ int startHttpExporter(const std::string& host, int port) {
   // fails and leaves the running one alone.
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", kThreads, "request_timeout_ms",
-        kRequestTimeoutMs});
+    exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", address, "num_threads", kThreads,
+                                 "request_timeout_ms", kRequestTimeoutMs});
   } catch (const std::exception& e) {
     throw Error("metrics HTTP: cannot listen on " + address + ": " + e.what() +
                 " (RAILSHARD_METRICS_PORT)");
@@ -69,12 +69,11 @@ int startHttpExporter(const std::string& host, int port) {
   Server& s = server();
   std::lock_guard<std::mutex> lock(s.control);
   s.exposer = std::move(exposer);
-  // Prometheus scrapes /metrics; / answers the same for a person with a browser.
   s.exposer->RegisterCollectable(s.registry, "/metrics");
-  s.exposer->RegisterCollectable(s.registry, "/");
   s.owner = ::getpid();
-  static std::once_flag at_exit;
-  std::call_once(at_exit, [] { std::atexit([] { stopHttpExporter(); }); });
+  // Not stopped at exit: civetweb's stop waits out its 2 s poll quantum, which every rank
+  // would add to its exit; the server's threads end with the process (the registry they read
+  // is never destroyed).
   const std::vector<int> ports = s.exposer->GetListeningPorts();
   return ports.empty() ? port : ports.front();
 }

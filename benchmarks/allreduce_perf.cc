@@ -159,7 +159,14 @@ int run(int argc, char** argv) {
   std::ofstream json = openJson(options, *comm);
   std::string limit_source;
   const tracing::LinkLimit limit = chooseLimit(options, *comm, limit_source);
-  const bool efficiency_known = limit.gbps > 0;
+  // One rank moves no byte over any link: no efficiency to state (it would read 0 %).
+  const bool efficiency_known = limit.gbps > 0 && size > 1;
+  if (size == 1 && rank == 0) {
+    std::fprintf(stderr,
+                 "allreduce_perf: only 1 rank: the all-reduce moves no bytes (busbw 0, algbw "
+                 "a local copy or nothing); start it under railshard-launch -n N, mpirun -np N "
+                 "or torchrun\n");
+  }
 
   if (rank == 0) {
     std::printf(
@@ -171,6 +178,7 @@ int run(int argc, char** argv) {
             : (std::to_string(options.step_bytes) + "(bytes)").c_str(),
         options.warmup_iters, options.iters, options.check ? 1 : 0);
     std::printf("#\n# Using %s\n", comm->describe().c_str());
+    if (size == 1) std::printf("# alone: 1 rank, nothing crosses a link (see stderr)\n");
     std::printf("# memory: %s\n", options.memory == MemoryKind::kDevice
                                       ? "cuda (device buffers; time after a stream synchronize)"
                                       : "host");

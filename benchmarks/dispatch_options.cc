@@ -86,10 +86,11 @@ std::string usage() {
          "  --kill R:S[:POINT]   launch rank R kills itself (SIGKILL) in step S of the first\n"
          "                       policy; the others shrink the communicator, recover the\n"
          "                       dispatcher and finish the run (needs railshard-launch\n"
-         "                       --elastic). POINT: compute (default: after computing, before\n"
-         "                       the gradient all-reduce: the step is redone) or commit (after\n"
-         "                       the all-reduce: the step stands). Rank 0 then checks the\n"
-         "                       ledger: every sample of the epoch committed exactly once\n"
+         "                       --elastic, which sets RAILSHARD_ELASTIC=1). POINT: compute\n"
+         "                       (default: after computing, before the gradient all-reduce:\n"
+         "                       the step is redone) or commit (after the all-reduce: the\n"
+         "                       step stands). Rank 0 then checks the ledger: every sample\n"
+         "                       of the epoch committed exactly once\n"
          "  --grow               at every step boundary the members admit ranks waiting to\n"
          "                       join (a rank restarted by railshard-launch --max-restarts,\n"
          "                       or started by hand with RAILSHARD_JOIN=1): grow(), the\n"
@@ -255,6 +256,14 @@ void checkAgainstWorld(BenchOptions& options, int world) {
                      " does not exist (world size " + std::to_string(world) + ")");
   }
   if (options.kill && world < 2) throw UsageError("--kill: needs at least 2 ranks");
+  // Without an elastic launcher the killed rank ends the whole job (status 137), which would
+  // read as the benchmark failing; say so before any rank starts.
+  if (options.kill && std::getenv("RAILSHARD_ELASTIC") == nullptr) {
+    throw UsageError(
+        "--kill: needs railshard-launch --elastic (or --max-restarts), which keeps the job "
+        "going when the rank dies (RAILSHARD_ELASTIC=1 where a supervisor of your own does); "
+        "this launcher would stop every rank");
+  }
   if (!options.watts.empty() && options.watts.size() != static_cast<size_t>(world)) {
     throw UsageError("--watts: " + std::to_string(options.watts.size()) + " values given for " +
                      std::to_string(world) + " ranks (one per rank)");

@@ -42,8 +42,10 @@ trap cleanup EXIT
 # the killed and restarted rank 2's are what the parser reads (concatenated into $t.out).
 netnsTrial() {
   local t=$1 tb="$here/testbed/testbed.sh" port=$((20000 + RANDOM % 20000)) pids=() r
+  # RAILSHARD_ELASTIC=1: this script is the ranks' supervisor, and it keeps the job going.
   local env=(RAILSHARD_WORLD_SIZE=4 RAILSHARD_STORE_ADDR=10.200.0.1:$port
-             RAILSHARD_STORE_EXTERNAL=1 RAILSHARD_TOKEN=restart-bench RAILSHARD_TIMEOUT=30)
+             RAILSHARD_STORE_EXTERNAL=1 RAILSHARD_TOKEN=restart-bench RAILSHARD_TIMEOUT=30
+             RAILSHARD_ELASTIC=1)
   rm -f "$tmp/addr"
   "$tb" run "$bed" 0 env RAILSHARD_TOKEN=restart-bench "$store" --host 10.200.0.1 \
     --port "$port" --address-file "$tmp/addr" >/dev/null 2>"$tmp/store.err" &

@@ -1,6 +1,8 @@
 #include "launcher/line_prefixer.h"
 
 #include <algorithm>
+#include <cctype>
+#include <string>
 #include <utility>
 
 namespace railshard::launcher {
@@ -14,6 +16,21 @@ void LinePrefixer::remember(std::string_view line) {
   const size_t end = line.find_last_not_of(" \t\r\n\v\f");
   if (end == std::string_view::npos) return;
   last_line_.assign(line.substr(0, end + 1));
+  if (looksLikeError(last_line_)) last_error_line_ = last_line_;
+}
+
+bool LinePrefixer::looksLikeError(std::string_view line) {
+  std::string lower(line);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  auto has = [&](std::string_view word) { return lower.find(word) != std::string::npos; };
+  if (has("warning") || has("warn(")) return false;
+  for (const std::string_view word :
+       {"error", "exception", "terminate called", "fatal", "abort", "fail", "unknown", "invalid",
+        "cannot", "what():", "denied", "refused"}) {
+    if (has(word)) return true;
+  }
+  return false;
 }
 
 void LinePrefixer::emitLine(std::string_view line, std::string& out) {

@@ -26,13 +26,20 @@ class LinePrefixer {
 
   bool hasPending() const { return !pending_.empty(); }
 
-  // Remember the last line that is not blank, so that the launcher can quote a failed rank's
-  // last error line without keeping its whole output. Off by default: it costs a copy of
-  // every line, wasted on streams nobody quotes.
+  // Remember the last line that is not blank, and the last one that reads as an error, so
+  // that the launcher can quote a failed rank's error without keeping its whole output. Off by
+  // default: it costs a copy of every line, wasted on streams nobody quotes.
   void keepLastLine(bool keep = true) { keep_last_line_ = keep; }
   // That line without prefix, newline or trailing whitespace; empty when there was none.
   // Counts only lines emitted so far (a pending partial line is not one yet).
   const std::string& lastLine() const { return last_line_; }
+  // The last line that names an error (looksLikeError), same form; empty when none did. A
+  // usage message's closing hint or a warning printed after the error is not the error.
+  const std::string& lastErrorLine() const { return last_error_line_; }
+
+  // Whether a line reads as an error report: it names an error, exception, failure, abort or
+  // an unknown/invalid thing (any case), and is not a warning.
+  static bool looksLikeError(std::string_view line);
 
  private:
   void emitLine(std::string_view line, std::string& out);
@@ -43,6 +50,7 @@ class LinePrefixer {
   std::string pending_;  // the current line's bytes so far (no newline yet)
   bool keep_last_line_ = false;
   std::string last_line_;
+  std::string last_error_line_;
 };
 
 }  // namespace railshard::launcher

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -96,6 +98,42 @@ class SignalCatcher {
   int fd_ = -1;
   sigset_t old_mask_{};
   struct sigaction old_sigchld_ {};
+};
+
+// The store server's thread saying "a HELLO carried another token" to the launcher's poll
+// loop: an eventfd to wake it and the peer's address.
+class WrongTokenAlarm {
+ public:
+  WrongTokenAlarm() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (!fd_.valid()) throw Error(std::string("eventfd: ") + std::strerror(errno));
+  }
+  int fd() const { return fd_.get(); }
+  void raise(const std::string& peer) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (peer_.empty()) peer_ = peer;
+    }
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(fd_.get(), &one, sizeof(one));
+    (void)ignored;
+  }
+  bool raised() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !peer_.empty();
+  }
+  // The first peer; clears the wake-up.
+  std::string take() {
+    uint64_t count = 0;
+    ssize_t ignored = ::read(fd_.get(), &count, sizeof(count));
+    (void)ignored;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peer_;
+  }
+
+ private:
+  transport::links::tcp::Fd fd_;
+  mutable std::mutex mutex_;
+  std::string peer_;
 };
 
 // A destination for forwarded output; after EPIPE (nobody reads any more) output is dropped.
@@ -345,7 +383,7 @@ int runLocalJob(const LocalJobOptions& options) {
     const RankPlace place{options.node_rank * options.world_size + rank,
                           options.nnodes * options.world_size, rank, options.world_size};
     spec.env = rankEnvironment(base_env, place, store_addr, token,
-                               gets_socket ? listener.get() : -1, launcher_store);
+                               gets_socket ? listener.get() : -1, launcher_store, options.elastic);
     if (restart) spec.env.push_back("RAILSHARD_JOIN=1");
     for (auto& entry : torchEnvironment(base_env, place, torch_host, torch_port)) {
       // Replace, not duplicate, what an enclosing launcher left in the base environment.
@@ -376,9 +414,16 @@ int runLocalJob(const LocalJobOptions& options) {
   // which must reach the signalfd above rather than kill the launcher. Ranks that connected
   // before are in the socket's backlog. Declared after `ranks`: on an exception the store
   // goes first, then the ranks are killed.
+  WrongTokenAlarm wrong_token;  // before the server, whose thread raises it: outlives it
   std::unique_ptr<TcpStoreServer> store_server;
   if (launcher_store && listener.valid()) {
-    store_server = TcpStoreServer::adopt(listener.release(), token);
+    TcpStoreServerOptions store_options;
+    if (several_hosts) {
+      store_options.on_wrong_token = [&wrong_token](const std::string& peer) {
+        wrong_token.raise(peer);
+      };
+    }
+    store_server = TcpStoreServer::adopt(listener.release(), token, std::move(store_options));
     if (options.elastic) supervisor.setStore(store_addr, token);
   } else {
     // Rank 0 owns the store socket now; a copy here would keep accepting connections (into a
@@ -392,6 +437,7 @@ int runLocalJob(const LocalJobOptions& options) {
     fds.clear();
     polled.clear();
     fds.push_back(pollfd{signals.fd(), POLLIN, 0});
+    fds.push_back(pollfd{wrong_token.fd(), POLLIN, 0});
     for (auto& stream : streams) {
       if (!stream.fd.valid()) continue;
       fds.push_back(pollfd{stream.fd.get(), POLLIN, 0});
@@ -399,8 +445,14 @@ int runLocalJob(const LocalJobOptions& options) {
     }
     const int ready = ::poll(fds.data(), fds.size(), supervisor.pollTimeoutMs());
     if (ready < 0 && errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
-    for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) pump(*polled[i - 1]);
+    for (size_t i = 2; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) pump(*polled[i - 2]);
+    }
+    if (fds[1].revents != 0) {
+      supervisor.onJobError("a launcher or rank at " + wrong_token.take() +
+                            " presented another job token than this node's: every node of a "
+                            "job needs the same RAILSHARD_TOKEN, and that node cannot join "
+                            "this job");
     }
     bool child_ended = ready == 0;  // after a quiet second, look anyway: costs little
     for (const int sig : signals.take()) {
@@ -419,10 +471,11 @@ int runLocalJob(const LocalJobOptions& options) {
       // Ranks that ended together (a loaded machine reaps them in one batch): the ones that
       // only report losing a peer are the echo of another's failure, which is named first.
       std::stable_partition(ended.begin(), ended.end(), [&](size_t rank) {
-        return !reportsLostPeer(streams[2 * rank + 1].prefixer.lastLine());
+        return !reportsLostPeer(streams[2 * rank + 1].prefixer.lastErrorLine());
       });
       for (const size_t rank : ended) {
-        supervisor.onRankEnded(rank, streams[2 * rank + 1].prefixer.lastLine());
+        const LinePrefixer& err = streams[2 * rank + 1].prefixer;
+        supervisor.onRankEnded(rank, err.lastErrorLine(), err.lastLine());
       }
       for (const size_t index : supervisor.takeRestarts()) {
         const size_t slot = slot_of[index];
@@ -434,7 +487,8 @@ int runLocalJob(const LocalJobOptions& options) {
     supervisor.onTick();
   }
   for (auto& stream : streams) drain(stream);
-  if (several_hosts) waitForOtherNodes(options, token, signals);
+  // After a wrong token the other nodes are not this job's: nothing to wait for.
+  if (several_hosts && !wrong_token.raised()) waitForOtherNodes(options, token, signals);
   return supervisor.exitStatus();
 }
 

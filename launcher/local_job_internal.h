@@ -30,9 +30,13 @@ class Supervisor {
 
   // In elastic mode, where failures are marked: the launcher's own store.
   void setStore(std::string addr, std::string token);
-  // `last_error_line`: the last non-blank line the rank wrote to stderr.
-  void onRankEnded(size_t rank, const std::string& last_error_line);
+  // `last_error_line`: the last line the rank wrote to stderr that reads as an error;
+  // `last_line`: its last non-blank line there (quoted when no line reads as an error).
+  void onRankEnded(size_t rank, const std::string& last_error_line, const std::string& last_line);
   void onSignal(int sig);
+  // Something outside the ranks makes the job impossible (a node presenting another token):
+  // says `why`, stops every rank and makes the launcher exit with status 1. Once.
+  void onJobError(const std::string& why);
   // Called once per loop turn: SIGKILL for those still running once the grace period is over.
   void onTick();
   // How long poll() may sleep: until the grace period ends, and never long, so that a lost

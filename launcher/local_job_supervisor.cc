@@ -57,7 +57,8 @@ void Supervisor::setStore(std::string addr, std::string token) {
   store_token_ = std::move(token);
 }
 
-void Supervisor::onRankEnded(size_t rank, const std::string& last_error_line) {
+void Supervisor::onRankEnded(size_t rank, const std::string& last_error_line,
+                             const std::string& last_line) {
   const ExitStatus& status = *ranks_.status(rank);
   if (status.success()) {
     ++successes_;
@@ -68,10 +69,18 @@ void Supervisor::onRankEnded(size_t rank, const std::string& last_error_line) {
   ++failures_;
   if (failures_ == 1) first_failure_status_ = status.shellStatus();
   const std::string how = describeEnding(status.code, status.signal);
+  std::string said;
+  if (!last_error_line.empty()) {
+    said = "its last error line: " + quoteLine(last_error_line);
+  } else if (!last_line.empty()) {
+    // A rank killed by a signal usually said nothing about it: its last words (a warning,
+    // a progress line) are not the cause, and are quoted as what they are.
+    said = "it wrote no error line; its last line on stderr: " + quoteLine(last_line);
+  } else {
+    said = "it wrote nothing to stderr";
+  }
   notice(label(rank) + " on host " + host_name_ + " failed" + (failures_ == 1 ? " first" : "") +
-         ": " + how + "; " +
-         (last_error_line.empty() ? "it wrote nothing to stderr"
-                                  : "its last error line: " + quoteLine(last_error_line)));
+         ": " + how + "; " + said);
   // Only a first process's slot is its launch rank; a restarted one got its launch rank
   // from the members (its loss reaches them through its connections anyway).
   if (options_.elastic && rank < static_cast<size_t>(options_.world_size)) markLost(rank, how);
@@ -126,6 +135,13 @@ void Supervisor::onSignal(int sig) {
            plural(ranks_.runningCount(), "rank"));
     kill();
   }
+}
+
+void Supervisor::onJobError(const std::string& why) {
+  if (stopping_) return;
+  exit_status_ = 1;
+  notice(why + "; stopping " + plural(ranks_.runningCount(), "rank"));
+  stop(SIGTERM);
 }
 
 void Supervisor::onTick() {

@@ -11,7 +11,7 @@ namespace {
 constexpr const char* kLaunchVariables[] = {
     "RAILSHARD_RANK",           "RAILSHARD_WORLD_SIZE", "RAILSHARD_LOCAL_RANK",
     "RAILSHARD_STORE_ADDR",     "RAILSHARD_STORE_FD",   "RAILSHARD_TOKEN",
-    "RAILSHARD_STORE_EXTERNAL", "RAILSHARD_JOIN",
+    "RAILSHARD_STORE_EXTERNAL", "RAILSHARD_JOIN",       "RAILSHARD_ELASTIC",
 };
 
 }  // namespace
@@ -19,7 +19,7 @@ constexpr const char* kLaunchVariables[] = {
 std::vector<std::string> rankEnvironment(const std::vector<std::string>& base,
                                          const RankPlace& place, const std::string& store_addr,
                                          const std::string& token, int store_fd,
-                                         bool store_external) {
+                                         bool store_external, bool elastic) {
   std::vector<std::string> env;
   env.reserve(base.size() + 7);
   for (const auto& entry : base) {
@@ -36,6 +36,7 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base,
   env.push_back("RAILSHARD_TOKEN=" + token);
   if (store_fd >= 0) env.push_back("RAILSHARD_STORE_FD=" + std::to_string(store_fd));
   if (store_external) env.push_back("RAILSHARD_STORE_EXTERNAL=1");
+  if (elastic) env.push_back("RAILSHARD_ELASTIC=1");
   return env;
 }
 

@@ -17,11 +17,12 @@ struct RankPlace {
 // The environment of one rank: `base` without any RAILSHARD_* launch variables it carries
 // (from an enclosing job, say), plus RAILSHARD_RANK, RAILSHARD_WORLD_SIZE,
 // RAILSHARD_LOCAL_RANK, RAILSHARD_STORE_ADDR, RAILSHARD_TOKEN, RAILSHARD_STORE_FD when
-// store_fd >= 0 and RAILSHARD_STORE_EXTERNAL=1 when store_external.
+// store_fd >= 0, RAILSHARD_STORE_EXTERNAL=1 when store_external and RAILSHARD_ELASTIC=1 when
+// elastic (the launcher keeps the job going when a rank fails: a program can check it).
 std::vector<std::string> rankEnvironment(const std::vector<std::string>& base,
                                          const RankPlace& place, const std::string& store_addr,
                                          const std::string& token, int store_fd,
-                                         bool store_external = false);
+                                         bool store_external = false, bool elastic = false);
 
 // What torch.distributed's env:// rendezvous (and torchrun-style scripts) read: RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and MASTER_ADDR=master_addr / MASTER_PORT=

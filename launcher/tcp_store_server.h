@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,11 @@ struct TcpStoreServerOptions {
   // error (InvalidArgument) and changes nothing. Rendezvous data is small; this only stops a
   // runaway client from exhausting the host's memory.
   size_t max_data_bytes = size_t{1} << 30;
+  // Called on the server's thread with the peer's address each time a HELLO carries another
+  // token (besides the warning and the closed connection). The launcher of a job over several
+  // hosts ends the job on it: a node started with another RAILSHARD_TOKEN can never join, and
+  // the ranks waiting for it would otherwise wait out their whole timeout.
+  std::function<void(const std::string& peer)> on_wrong_token;
 };
 
 // The rendezvous store every rank talks to at start-up (usually hosted by rank 0 or by

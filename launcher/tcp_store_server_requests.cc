@@ -36,6 +36,7 @@ void TcpStoreServer::Impl::handle(Client& c, Request request) {
   if (!c.authenticated) {
     // processFrames guarantees the tag; the token decides.
     if (!tokensEqual(request.token, token_)) {
+      if (options_.on_wrong_token) options_.on_wrong_token(c.peer);
       throw ProtocolError("wrong token in HELLO");
     }
     c.authenticated = true;

@@ -253,6 +253,23 @@ TEST(AllreducePerfJson, BadLinkGbpsNamesTheValue) {
   }
 }
 
+// One rank alone (run without a launcher): it says so, and states no efficiency -- a link limit
+// given by hand would otherwise read "0.0 %".
+TEST(AllreducePerfJson, OneRankAloneSaysSoAndStatesNoEfficiency) {
+  SKIP_WITHOUT_PERF();
+  const auto r = test::runProcess(
+      {kPerf, "-b", "8", "-e", "1K", "-f", "32", "-n", "1", "-w", "0", "--link-gbps", "25"}, {},
+      std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("allreduce_perf: only 1 rank: the all-reduce moves no bytes"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("railshard-launch -n N"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("# alone: 1 rank"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("efficiency"), std::string::npos) << r.out;
+  EXPECT_EQ(test::perfTableRows(r.out).size(), 2u) << r.out;
+}
+
 // Not a terminal (a pipe here): no progress line, however long the sweep; --progress forces
 // it on (rank 0 only), --no-progress keeps it off.
 TEST(AllreducePerfJson, ProgressLineOnlyWhenAskedOrOnATerminal) {

@@ -248,14 +248,16 @@ TEST(DispatchElastic, OnTwoHostsAHandRestartedRankRejoinsAndEverySampleIsOnce) {
       << r.out << r.err;
 }
 
-TEST(DispatchElastic, WithoutElasticTheJobStopsAndBadKillOptionsAreUsageErrors) {
+TEST(DispatchElastic, WithoutElasticKillIsRefusedAndBadKillOptionsAreUsageErrors) {
   SKIP_UNLESS_BUILT();
   std::vector<std::string> args = kQuick;
   args.insert(args.end(), {"--kill", "2:3", "--policies", "proportional"});
   test::ProcessResult r;
   runBench({"-n", "4"}, args, &r);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
-  EXPECT_EQ(r.exit_code, 128 + 9) << r.out << r.err;  // the killed rank's status
+  // Refused before any step (the killed rank would otherwise end the job with 137).
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--kill: needs railshard-launch --elastic"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("# ledger"), std::string::npos) << r.out;
 
   const auto rank = test::runProcess({kLaunch, "-n", "2", kBench, "--kill", "5:3"},

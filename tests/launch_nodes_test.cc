@@ -24,9 +24,11 @@ using namespace std::chrono_literals;
 const std::string kLaunch = RAILSHARD_LAUNCH_BIN;
 const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/collective_check";
 
-// Both nodes' launchers at once, each with `program` (node K gets --node-rank K).
+// Both nodes' launchers at once, each with `program` (node K gets --node-rank K); node 1's
+// environment is `env` with `node1_env` over it.
 std::vector<ProcessResult> runTwoNodes(int ranks_per_node, const std::vector<std::string>& program,
-                                       std::map<std::string, std::string> env = {}) {
+                                       std::map<std::string, std::string> env = {},
+                                       const std::map<std::string, std::string>& node1_env = {}) {
   const std::string master = "127.0.0.1:" + std::to_string(railshard::test::freePort());
   env["RAILSHARD_TOKEN"] = "launch-nodes-test-" + std::to_string(::getpid());
   std::vector<ProcessResult> results(2);
@@ -35,7 +37,11 @@ std::vector<ProcessResult> runTwoNodes(int ranks_per_node, const std::vector<std
                                      "--nnodes",        "2",        "--node-rank",
                                      std::to_string(k), "--master", master};
     argv.insert(argv.end(), program.begin(), program.end());
-    results[static_cast<size_t>(k)] = runProcess(argv, env, 90s);
+    std::map<std::string, std::string> node_env = env;
+    if (k == 1) {
+      for (const auto& [name, value] : node1_env) node_env[name] = value;
+    }
+    results[static_cast<size_t>(k)] = runProcess(argv, node_env, 90s);
   };
   std::thread other(node, 1);
   node(0);
@@ -95,6 +101,26 @@ TEST(LaunchNodes, ARankFailingOnOneNodeFailsBothLaunchers) {
   EXPECT_NE(results[1].err.find("failing on purpose"), std::string::npos) << results[1].err;
   EXPECT_NE(results[0].exit_code, 0) << results[0].out << results[0].err;
   EXPECT_NE(results[0].err.find("PeerLostError"), std::string::npos) << results[0].err;
+}
+
+// Node 1 started with another token: it is refused at once, and node 0 -- whose ranks would
+// otherwise wait out their timeout for node 1's, and its launcher the nodes' wait after that --
+// stops its ranks and exits at once, naming the token as the cause.
+TEST(LaunchNodes, ANodeWithAnotherTokenEndsBothLaunchersAtOnceNamingTheToken) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = runTwoNodes(2, {kCheck, "--iterations", "5", "--count", "1000"},
+                                   {{"RAILSHARD_TRANSPORT", "tcp"}, {"RAILSHARD_TIMEOUT", "60"}},
+                                   {{"RAILSHARD_TOKEN", "another-token"}});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0) << "a launcher waited for the node with the other token";
+  EXPECT_NE(results[1].exit_code, 0) << results[1].out << results[1].err;
+  EXPECT_EQ(results[0].exit_code, 1) << results[0].out << results[0].err;
+  EXPECT_NE(results[0].err.find("presented another job token than this node's"), std::string::npos)
+      << results[0].err;
+  EXPECT_NE(results[0].err.find("same RAILSHARD_TOKEN"), std::string::npos) << results[0].err;
+  EXPECT_EQ(results[0].err.find("stopped waiting for the other nodes"), std::string::npos)
+      << results[0].err;
 }
 
 // Node 0's launcher keeps the store for the other nodes after its own ranks ended (here node 1

@@ -301,20 +301,40 @@ TEST(LaunchTest, FailingRankStopsTheOthers) {
 }
 
 TEST(LaunchTest, FirstFailureLineQuotesTheLastErrorLineOfTheRank) {
-  const ProcessResult r =
-      launch(shellJob(3,
-                      "if [ $RAILSHARD_RANK = 2 ]; then echo 'earlier trouble' >&2; "
-                      "echo 'rank 2 exiting on purpose at iteration 5' >&2; printf '  \\n\\n' >&2; "
-                      "echo 'on stdout, not quoted'; exit 3; fi; exec sleep 30"));
+  // The error, then what a program prints after it: a usage hint and a warning (neither is
+  // the cause), blank lines, stdout.
+  const ProcessResult r = launch(shellJob(
+      3,
+      "if [ $RAILSHARD_RANK = 2 ]; then echo 'earlier trouble: an Error' >&2; "
+      "echo \"prog: unknown option '--speed'\" >&2; echo '(prog --help lists the options)' >&2; "
+      "echo 'UserWarning: something about DDP' >&2; printf '  \\n\\n' >&2; "
+      "echo 'on stdout, not quoted'; exit 3; fi; exec sleep 30"));
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   // The rank's own lines come first, then exactly one failure line.
-  const std::string line =
-      failureLine(2, "exited with status 3",
-                  "its last error line: \"rank 2 exiting on purpose at iteration 5\"");
+  const std::string line = failureLine(2, "exited with status 3",
+                                       "its last error line: \"prog: unknown option '--speed'\"");
   const size_t at = r.err.find(line);
   ASSERT_NE(at, std::string::npos) << describe(r);
-  EXPECT_LT(r.err.find("[2] rank 2 exiting on purpose at iteration 5\n"), at) << describe(r);
+  EXPECT_LT(r.err.find("[2] (prog --help lists the options)\n"), at) << describe(r);
   EXPECT_EQ(countOf(r.err, " failed"), 1u) << describe(r);
+}
+
+TEST(LaunchTest, LooksLikeErrorTellsErrorsFromWarningsAndChatter) {
+  using railshard::launcher::LinePrefixer;
+  for (const char* error :
+       {"RuntimeError: boom", "error: no such file", "terminate called after throwing an instance",
+        "  what():  peer 3 lost", "Fatal Python error: Aborted",
+        "dispatch_bench: unknown option "
+        "'--speed'",
+        "invalid value for --steps", "cannot bind 10.0.0.1:29500",
+        "Segmentation fault (core dumped) -- abort"}) {
+    EXPECT_TRUE(LinePrefixer::looksLikeError(error)) << error;
+  }
+  for (const char* chatter :
+       {"(dispatch_bench --help lists the options)", "UserWarning: grad strides do not match",
+        "  warnings.warn(", "step 12: loss 0.25", "Warning: an error might follow", ""}) {
+    EXPECT_FALSE(LinePrefixer::looksLikeError(chatter)) << chatter;
+  }
 }
 
 TEST(LaunchTest, FirstFailureLineNamesTheSignalThatKilledTheRank) {
@@ -326,9 +346,11 @@ TEST(LaunchTest, FirstFailureLineNamesTheSignalThatKilledTheRank) {
                "exec sleep 30"));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
   EXPECT_TRUE(std::regex_search(
-      r.err, std::regex(failureLine(1, "killed by SIGKILL",
-                                    R"(its last error line: "rank 1 is pid \d+")") +
-                        "railshard-launch: stopping the other 2 ranks\n")))
+      r.err,
+      std::regex(
+          failureLine(1, "killed by SIGKILL",
+                      R"(it wrote no error line; its last line on stderr: "rank 1 is pid \d+")") +
+          "railshard-launch: stopping the other 2 ranks\n")))
       << describe(r);
   EXPECT_EQ(countOf(r.err, " failed"), 1u) << describe(r);
 }
@@ -337,8 +359,9 @@ TEST(LaunchTest, FailureLineWithoutPrefixStillQuotesTheRank) {
   const ProcessResult r =
       launch(shellJob(1, "printf 'no newline at the end' >&2; exit 7", {"--no-prefix"}));
   EXPECT_EQ(r.exit_code, 7) << describe(r);
-  EXPECT_NE(r.err.find(failureLine(0, "exited with status 7",
-                                   "its last error line: \"no newline at the end\"")),
+  EXPECT_NE(r.err.find(failureLine(
+                0, "exited with status 7",
+                "it wrote no error line; its last line on stderr: \"no newline at the end\"")),
             std::string::npos)
       << describe(r);
 }
@@ -354,10 +377,13 @@ TEST(LaunchTest, ElasticSurvivorsCarryOnAndTheJobSucceeds) {
                                           {"--elastic"}));
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_GE(secondsSince(start), 1.4) << "survivors must not be stopped";
-  EXPECT_NE(r.err.find(failureLine(2, "exited with status 3",
-                                   "its last error line: \"rank 2 exiting on purpose\"") +
-                       "railshard-launch: continuing with 3 ranks (elastic, failure 1 of 1)\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(
+          failureLine(
+              2, "exited with status 3",
+              "it wrote no error line; its last line on stderr: \"rank 2 exiting on purpose\"") +
+          "railshard-launch: continuing with 3 ranks (elastic, failure 1 of 1)\n"),
+      std::string::npos)
       << describe(r);
   EXPECT_EQ(r.err.find("stopping"), std::string::npos) << describe(r);
   const auto out = byRank(r.out);
@@ -380,11 +406,13 @@ TEST(LaunchTest, ElasticFailureBeyondMaxFailuresStopsTheJob) {
                        "railshard-launch: continuing with 3 ranks (elastic, failure 1 of 1)\n"),
             std::string::npos)
       << describe(r);
-  EXPECT_NE(r.err.find(failureLine(2, "exited with status 4", "its last error line: \"second one\"",
-                                   false) +
-                       "railshard-launch: stopping the other 2 ranks (elastic: failure 2 is more "
-                       "than --max-failures 1)\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(failureLine(2, "exited with status 4",
+                             "it wrote no error line; its last line on stderr: \"second one\"",
+                             false) +
+                 "railshard-launch: stopping the other 2 ranks (elastic: failure 2 is more "
+                 "than --max-failures 1)\n"),
+      std::string::npos)
       << describe(r);
 }
 
@@ -467,9 +495,11 @@ TEST(LaunchTest, ElasticLauncherMarksTheLostRankInItsStore) {
   if (!haveProbe()) GTEST_SKIP() << "build the launch_probe target first: " << kProbe;
   const ProcessResult r = launch({"-n", "3", "--elastic", kProbe, "lost-mark", "1"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_NE(r.err.find(failureLine(1, "exited with status 3",
-                                   "its last error line: \"rank 1 giving up on purpose\"")),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(failureLine(
+          1, "exited with status 3",
+          "it wrote no error line; its last line on stderr: \"rank 1 giving up on purpose\"")),
+      std::string::npos)
       << describe(r);
   const auto ranks = byRank(r.out);
   for (const int rank : {0, 2}) {
@@ -717,6 +747,16 @@ TEST(RankEnvironmentTest, ElasticRanksAreToldTheStoreIsExternal) {
                                                           {0, 2, 0, 2}, "127.0.0.1:5000", "tok", 7);
   EXPECT_EQ(std::count(plain.begin(), plain.end(), "RAILSHARD_STORE_EXTERNAL=1"), 0)
       << "an enclosing job's setting must not leak into a normal one";
+}
+
+TEST(RankEnvironmentTest, ElasticRanksAreToldSoAndOthersAreNot) {
+  const auto elastic = railshard::launcher::rankEnvironment(
+      {"RAILSHARD_ELASTIC=1"}, {0, 2, 0, 2}, "127.0.0.1:5000", "tok", -1, true, true);
+  EXPECT_EQ(std::count(elastic.begin(), elastic.end(), "RAILSHARD_ELASTIC=1"), 1);
+  const auto plain = railshard::launcher::rankEnvironment({"RAILSHARD_ELASTIC=1"}, {0, 2, 0, 2},
+                                                          "127.0.0.1:5000", "tok", -1, true, false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), "RAILSHARD_ELASTIC=1"), 0)
+      << "an enclosing elastic job's setting must not leak into a normal one";
 }
 
 }  // namespace

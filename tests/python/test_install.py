@@ -92,7 +92,9 @@ def test_the_wheel_installs_imports_runs_its_tools_and_uninstalls_without_a_trac
         ldd = _run(["ldd", str(binary)])
         assert "not found" not in ldd.stdout, ldd.stdout
         lib = [line for line in ldd.stdout.splitlines() if "librailshard.so" in line]
-        assert lib and str(package / "lib" / "librailshard.so") in lib[0], ldd.stdout
+        assert lib, ldd.stdout
+        found = Path(lib[0].split("=>")[1].split("(")[0].strip())
+        assert found.resolve() == (package / "lib" / "librailshard.so").resolve(), ldd.stdout
 
     uninst = _run([str(python), "-m", "pip", "uninstall", "-y", "railshard"])
     assert uninst.returncode == 0, uninst.stdout + uninst.stderr
