@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure a virtual environment with a current torch 2.x (from PyPI), numpy and pytest
-# exists, and prints its path (the only thing written to stdout). The Python tests run against
+# Makes sure a virtual environment with a current torch 2.x (from PyPI), numpy, pytest and
+# PyTorch Lightning exists, and prints its path (the only thing written to stdout). The Python tests run against
 # it as well as against Debian's torch 1.13 (scripts/test.sh).
 #
 # The venv lives outside the checkout, at ${RAILSHARD_TORCH_VENV:-/opt/railshard-torch-venv},
