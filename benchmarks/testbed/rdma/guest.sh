@@ -32,7 +32,8 @@ mirror=${RAILSHARD_GUEST_MIRROR:-http://deb.debian.org/debian}
 packages=linux-image-amd64,kmod,busybox-static,iproute2,procps,util-linux,psmisc,
 packages+=rdma-core,ibverbs-utils,ibverbs-providers,rdmacm-utils,perftest,
 packages+=libstdc++6,libopenmpi3,libgloo0,libspdlog1.10,libfmt9,libhwloc15,libhiredis0.14,
-packages+=libnl-route-3-200,libevent-core-2.1-7,libevent-pthreads-2.1-7,libudev1
+packages+=libnl-route-3-200,libevent-core-2.1-7,libevent-pthreads-2.1-7,libudev1,
+packages+=libprometheus-cpp-core1.0,libprometheus-cpp-pull1.0,libcivetweb1,zlib1g
 
 usage() { sed -n '2,20p' "$0" >&2; exit 2; }
 

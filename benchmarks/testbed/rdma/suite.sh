@@ -89,7 +89,7 @@ launched() {
   wait "$other"
   rc1=$?
   unset RAILSHARD_TOKEN RAILSHARD_TRANSPORT
-  tail -4 "$out0" "$out1"
+  tail -n 4 "$out0" "$out1"
   [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || return 1
   for r in 0 1 2 3; do
     cat "$out0" "$out1" | grep -q "rank $r of 4 ok after 5 allreduces over shm per host and ibverbs" ||
@@ -117,7 +117,7 @@ nccl_plugin() {
   rc0=$?
   rm -f "$handles"
   grep -hE "devices|carried|^result|refused|error" "$out0" "$out1"
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -5 "$out0" "$out1"; return 1; }
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 5 "$out0" "$out1"; return 1; }
   grep -q "devices .*railshard-fused(eth0+h1r0:1)" "$out1" || { echo "no fused device"; return 1; }
   # The send comms' closing lines: each rail carried a share.
   for rail in eth0 h1r0:1; do
