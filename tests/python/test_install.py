@@ -27,7 +27,7 @@ TOOLS = ("railshard-launch", "railshard-store", "railshard-topo", "railshard-rep
 
 
 def _files(root):
-    """Every file and directory under root, relative; pip's own caches left out."""
+    """Every file and directory under root, relative to it."""
     out = set()
     for dirpath, dirnames, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root)
