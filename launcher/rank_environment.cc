@@ -53,6 +53,10 @@ std::vector<std::string> torchEnvironment(const std::vector<std::string>& base,
                                   "LOCAL_WORLD_SIZE=" + std::to_string(place.local_world_size)};
   if (!has("MASTER_ADDR")) env.push_back("MASTER_ADDR=" + master_addr);
   if (!has("MASTER_PORT")) env.push_back("MASTER_PORT=" + std::to_string(master_port));
+  // As torchrun does: torch's intra-op pool would otherwise take every core in each of the
+  // host's ranks, and oversubscribed OpenMP threads spin against each other (4 ranks on 2 cores
+  // here). A user's value is kept.
+  if (!has("OMP_NUM_THREADS") && place.local_world_size > 1) env.push_back("OMP_NUM_THREADS=1");
   return env;
 }
 

@@ -26,7 +26,8 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base,
 
 // What torch.distributed's env:// rendezvous (and torchrun-style scripts) read: RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and MASTER_ADDR=master_addr / MASTER_PORT=
-// master_port unless `base` sets them (a user's choice is kept; every rank sees the same one).
+// master_port unless `base` sets them (a user's choice is kept; every rank sees the same one),
+// and OMP_NUM_THREADS=1 when the host runs several ranks and `base` has none (as torchrun).
 // Appended to each rank's environment, so dist.init_process_group("railshard") works
 // unchanged under railshard-launch. The rank variables always follow RAILSHARD_RANK: an
 // enclosing torchrun's values would contradict it.

@@ -729,13 +729,17 @@ TEST(RankEnvironmentTest, ReplacesLaunchVariablesAndKeepsTheRest) {
 TEST(RankEnvironmentTest, TorchVariablesFollowTheRankAndKeepTheUsersMaster) {
   const auto env =
       railshard::launcher::torchEnvironment({"PATH=/bin"}, {2, 4, 2, 4}, "127.0.0.1", 41234);
-  EXPECT_EQ(
-      env, (std::vector<std::string>{"RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4",
-                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=41234"}));
+  EXPECT_EQ(env, (std::vector<std::string>{"RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2",
+                                           "LOCAL_WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1",
+                                           "MASTER_PORT=41234", "OMP_NUM_THREADS=1"}));
   const auto users = railshard::launcher::torchEnvironment(
-      {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=5555", "RANK=7"}, {0, 2, 0, 2}, "127.0.0.1", 41234);
+      {"MASTER_ADDR=10.0.0.1", "MASTER_PORT=5555", "RANK=7", "OMP_NUM_THREADS=2"}, {0, 2, 0, 2},
+      "127.0.0.1", 41234);
   EXPECT_EQ(users, (std::vector<std::string>{"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0",
                                              "LOCAL_WORLD_SIZE=2"}));
+  // One rank on its host keeps torch's default pool.
+  const auto alone = railshard::launcher::torchEnvironment({}, {1, 2, 0, 1}, "127.0.0.1", 41234);
+  EXPECT_EQ(std::count(alone.begin(), alone.end(), "OMP_NUM_THREADS=1"), 0);
 }
 
 TEST(RankEnvironmentTest, ElasticRanksAreToldTheStoreIsExternal) {

@@ -4,7 +4,7 @@ Runs a selection of torch's DistributedTest._DistTestBase against the railshard 
 WORLD_SIZE=2 and 3, under the torch this build is for (torch 2.x, or Debian's 1.13), and
 requires every selected test that gloo passes there (torch_suite_gloo_passes_<torch major>_w<N>.txt,
 recorded from gloo runs of the whole base) to pass, and no selected test to fail. The selection
-is bounded for CI (each test spawns its ranks afresh, ~2-6 s): point-to-point, all-to-all,
+is bounded for CI (each test starts its ranks afresh: forked, ~0.3 s; spawned, ~2-6 s): point-to-point, all-to-all,
 coalesced collectives, timeouts, monitored barrier, futures, object collectives, sub-groups and
 DDP's logging (the plain collectives are covered by test_collectives.py against gloo); at
 WORLD_SIZE=3 the ones where a third rank changes what happens. RAILSHARD_TORCH_SUITE=all runs

@@ -13,6 +13,7 @@ which runs a selection under both gloo and railshard and compares.
 
 import functools
 import os
+import socket
 import sys
 import tempfile
 
@@ -41,10 +42,28 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 torch.backends.cuda.matmul.allow_tf32 = False
 
 
+# How each test starts its ranks. spawn (torch's own test_distributed_spawn.py): every rank is
+# a fresh interpreter that imports torch and this module again, 1-3 s per rank and test, most
+# of the suite's time. fork (the default here, as torch's test_distributed_fork.py did for CPU
+# backends up to 1.x): the ranks are copies of this process, torch and railshard already
+# imported; the test bodies are the same. RAILSHARD_SUITE_START=spawn runs it torch's way.
+START = os.environ.get("RAILSHARD_SUITE_START", "fork")
+if START not in ("fork", "spawn"):
+    sys.exit(f"torch_suite.py: RAILSHARD_SUITE_START must be fork or spawn, not {START!r}")
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if START == "spawn":
+            self._spawn_processes()
+        else:
+            # Tests that re-initialise with env:// (test_barrier_timeout_global) need a port
+            # all ranks agree on: a free one per test, inherited by the forked ranks.
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
