@@ -63,7 +63,11 @@ macro(railshard_find_torch)
     _railshard_probe_torch("${_python}" _ok)
     if(_ok)
       set(RAILSHARD_TORCH_FOUND TRUE)
-      set(RAILSHARD_PYTHON "${_python}")
+      # Kept in the cache: a later configure from another environment (build.sh run with a
+      # venv activated) must not silently rebuild the extension for that venv's torch, while
+      # what uses the build (quickstart.sh, the README's commands) runs the first one.
+      set(RAILSHARD_PYTHON "${_python}" CACHE FILEPATH
+        "Python interpreter whose torch the extension is built for" FORCE)
     endif()
   endforeach()
   if(RAILSHARD_TORCH_FOUND)

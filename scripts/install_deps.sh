@@ -12,6 +12,7 @@ packages=(
   libgloo-dev python3-matplotlib
   libibverbs-dev librdmacm-dev
   iproute2 graphviz iperf3
+  openssl  # the README's job token: export RAILSHARD_TOKEN=$(openssl rand -hex 16)
   clang libclang-rt-14-dev llvm-14  # fuzz/ (libFuzzer) and sanitizer symbolization
   # python/ (the torch.distributed backend) and its pytest suites under Debian's torch 1.13;
   # python3-venv: scripts/torch_venv.sh makes the torch 2.x venv

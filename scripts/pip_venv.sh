@@ -15,6 +15,15 @@ rm -rf "$dir"
 "$torch_venv/bin/python" -m venv "$dir"
 site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$torch_site" > "$site/torch_from_$(basename "$torch_venv").pth"
+# torch's console command as pip makes it in a venv that has torch itself: torchrun run by this
+# venv's interpreter, which its workers then run too (they must import this venv's railshard).
+cat >"$dir/bin/torchrun" <<EOF
+#!$dir/bin/python
+import sys
+from torch.distributed.run import main
+sys.exit(main())
+EOF
+chmod +x "$dir/bin/torchrun"
 if [ -n "$wheel" ]; then
   "$dir/bin/python" -m pip install --quiet --no-index --no-deps "$wheel" >&2
 else

@@ -17,6 +17,8 @@ if ! "$launch" -n 1 --emulate-speeds 1 true 2>/dev/null; then
   echo "quickstart: no CPU quotas here (needs root and cgroup cpu); speeds emulated by sleeping" >&2
   exec "$launch" -n 3 "$root/build/benchmarks/dispatch_bench" --speeds 1,2,4
 fi
-exec "$launch" -n 3 --emulate-speeds 1,2,4 /usr/bin/python3 "$root/examples/train.py" \
+# The interpreter whose torch the build's extension is for (CMake's RAILSHARD_PYTHON).
+python=$(sed -n 's/^RAILSHARD_PYTHON:FILEPATH=//p' "$root/build/CMakeCache.txt")
+exec "$launch" -n 3 --emulate-speeds 1,2,4 "${python:-/usr/bin/python3}" "$root/examples/train.py" \
   --compare equal,proportional --steps 30 --batch 1024 --sample-ms 0 \
   --plot "$root/build/quickstart.png"

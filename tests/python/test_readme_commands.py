@@ -19,6 +19,7 @@ pass (RAILSHARD_INSTALLED=1), where both exist.
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -93,6 +94,7 @@ class Run:
     why: str = ""
     background: bool = False  # `cmd &`: runs until its first line, then is stopped
     with_next: str = ""  # a regex: the next command of the block runs at the same time (two hosts)
+    file_text: str = ""  # a regex each file of `files` must match
 
 
 @dataclass
@@ -101,7 +103,11 @@ class Skip:
 
 
 PROGRAM_SUB = ("./my_program", "{program}")
+# A program alone moves nothing to count: two ranks under the launcher.
+LAUNCHED_SUB = ("./my_program", "build/launcher/tools/railshard-launch -n 2 {program}")
+LAUNCHED = "./my_program is the README's C++ snippet, as two ranks under railshard-launch"
 HERE_SUB = ("10.0.0.1", "127.0.0.1")
+LEDGER_OK = r"samples, each processed exactly once \(0 missing, 0 duplicated\)"
 
 RULES = [
     (r"^\./scripts/quickstart\.sh$",
@@ -118,10 +124,10 @@ RULES = [
     (r"railshard-launch -n 3 build/benchmarks/dispatch_bench --speeds 1,2,4$",
      Run(expect=(r"proportional",))),
     (r"--slowdown 2:2:15 --json steps\.json$", Run(files=("steps.json",))),
-    (r"--kill 2:12 --policies proportional$", Run(expect=(r"exactly once|once each|ledger",))),
-    (r"--kill 2:12 --grow --policies proportional$", Run(expect=(r"rejoin|admit|grow",))),
-    (r"allreduce_perf -b 8 -e 64M -f 4$", Run(timeout=300, expect=(r"67108864",))),
+    (r"--kill 2:12 --policies proportional$", Run(expect=(LEDGER_OK,))),
+    (r"--kill 2:12 --grow --policies proportional$", Run(expect=(LEDGER_OK,))),
     (r"--trace trace/ .*allreduce_perf", Run(timeout=300, expect=(r"MB",), files=("trace",))),
+    (r"allreduce_perf -b 8 -e 64M -f 4$", Run(timeout=300, expect=(r"67108864",))),
     (r"^build/launcher/tools/railshard-report trace/ --html report\.html$",
      Run(timeout=300, files=("report.html",))),
     (r"--link-gbps 25 -J results\.json$", Run(timeout=300, files=("results.json",))),
@@ -140,10 +146,13 @@ RULES = [
     (r"^build/launcher/tools/railshard-topo$", Run(expect=(r"host",))),
     (r"--dump-topology job\.json \./my_program$", Run(subs=(PROGRAM_SUB,), files=("job.json",))),
     (r"^RAILSHARD_PROBE=1 \.\.\.$",
-     Skip("the README elides the command; the probe runs in NetnsTopology's ctest cases")),
-    (r"^RAILSHARD_METRICS_PORT=9400 \./my_program$", Run(subs=(PROGRAM_SUB,))),
+     Skip("the README elides the command; the probe runs in ctest "
+          "(NetnsTestbed.DiscoveryFindsBothRailsAndTheProbeMeasuresTheirShaping)")),
+    (r"^RAILSHARD_METRICS_PORT=9400 \./my_program$", Run(subs=(LAUNCHED_SUB,), why=LAUNCHED)),
     (r"^RAILSHARD_METRICS=/tmp/railshard-\{rank\}\.prom \./my_program$",
-     Run(subs=(PROGRAM_SUB,), files=("/tmp/railshard-0.prom",))),
+     Run(subs=(LAUNCHED_SUB,), why=LAUNCHED,
+         files=("/tmp/railshard-0.prom", "/tmp/railshard-1.prom"),
+         file_text=r"(?m)^railshard_collectives_total\{.*\} [1-9]")),
     (r"^torchrun --nproc-per-node 3 examples/train\.py --backend railshard$",
      Run(timeout=300, expect=(r"step",))),
     (r"^torchrun --nproc-per-node 4 examples/train\.py$", Run(timeout=300, expect=(r"step",))),
@@ -155,7 +164,8 @@ RULES = [
          why="as root and with more ranks than cores, as the comment beside it says")),
     (r"^PYTHONPATH=build/python build/launcher/tools/railshard-launch -n 4 /usr/bin/python3 "
      r"examples/train\.py$", Run(timeout=300, expect=(r"step",))),
-    (r"--elastic --steps 60 --kill 2:12$", Run(timeout=300, expect=(r"step",))),
+    (r"--elastic --steps 60 --kill 2:12$",
+     Run(timeout=300, expect=(r"rank 2 kills itself after step 12", r"step +59 "))),
     (r"^export PYTHONPATH=build/python$", Run(timeout=30)),
     (r"--slow-rank 1 --slow-factor 3 --steps 20$", Run(timeout=300, expect=(r"step",))),
     (r"compare_peers\.py --build build -b 16 -e 256M -f 4 --reps 3$",
@@ -263,6 +273,8 @@ def run_background(script, cwd, timeout):
                             env=shell_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        assert ready, f"printed nothing in {timeout} s"
         first = proc.stdout.readline()
         assert proc.poll() is None, f"exited at once:\n{first}{proc.stdout.read()}"
         return 0, first
@@ -297,34 +309,37 @@ def _params():
     return [pytest.param(c, id=f"{c.doc}:{c.line}") for c in ALL if rule_for(c) is not None]
 
 
-@pytest.fixture
-def outputs(tmp_path):
-    """Removes what a command wrote outside build/ afterwards; puts back a file or directory of
-    that name that was there before."""
-    taken = []
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """What the commands write outside build/, removed when the module ends (a later command
+    reads an earlier one's: railshard-report reads trace/); a file or directory of that name
+    that was there before is put back then."""
+    taken = {}  # target -> backup or None
+    keep = tmp_path_factory.mktemp("before")
 
     def take(action):
+        targets = []
         for f in action.files:
             target = Path(f) if f.startswith("/") else REPO / f
-            inside_build = target.is_relative_to(BUILD)
-            backup = None
-            if target.exists() and not inside_build:
-                backup = tmp_path / f"before-{len(taken)}"
-                shutil.move(target, backup)
+            targets.append(target)
+            if target not in taken and not target.is_relative_to(BUILD):
+                backup = None
+                if target.exists():
+                    backup = keep / str(len(taken))
+                    shutil.move(target, backup)
+                taken[target] = backup
             elif target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-            taken.append((target, backup, inside_build))
-        return [t for t, _, _ in taken]
+        return targets
 
     yield take
-    for target, backup, inside_build in taken:
-        if not inside_build:
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
+    for target, backup in taken.items():
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
         if backup is not None:
             shutil.move(backup, target)
 
@@ -351,3 +366,6 @@ def test_readme_command_runs_as_shown(cmd, request, outputs):
         assert target.exists(), f"{target} was not written:\n{shown}"
         if target.is_file():
             assert target.stat().st_size > 0, f"{target} is empty:\n{shown}"
+            if action.file_text:
+                assert re.search(action.file_text, target.read_text()), \
+                    f"{target} does not match {action.file_text!r}:\n{target.read_text()[:3000]}"
