@@ -119,7 +119,8 @@ endif()
 # PyTorch for the torch.distributed backend (python/). Found through a Python interpreter that
 # imports torch, because the extension must match that interpreter's torch exactly (headers,
 # libraries, C++ ABI, pybind11 ABI). RAILSHARD_PYTHON picks it; by default the first of
-# python3 on PATH and /usr/bin/python3 (Debian's python3-torch) that has torch.
+# python3 on PATH and /usr/bin/python3 (Debian's python3-torch) that has torch, then kept in
+# the cache (cmake/torch.cmake says why).
 if(NOT RAILSHARD_WITH_TORCH STREQUAL "OFF")
   include(cmake/torch.cmake)
   railshard_find_torch()

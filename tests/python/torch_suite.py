@@ -20,6 +20,11 @@ import tempfile
 os.environ.setdefault("BACKEND", "railshard")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="rs-torch-suite-"))
+# test_barrier_timeout_global re-initialises the group through INIT_METHOD with a 1 s timeout.
+# torch gates it to file:// because over env:// the second TCP store's connect races that
+# second (it lost under CI's load: "The client socket has timed out after 1s"); a file per run,
+# as torch's run_test.py gives its file:// configuration. Read when the base is imported.
+os.environ.setdefault("INIT_METHOD", f"file://{os.environ['TEMP_DIR']}/init_method")
 
 if os.environ["BACKEND"] == "railshard":
     import railshard  # noqa: F401  (registers the backend)
@@ -58,8 +63,8 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         if START == "spawn":
             self._spawn_processes()
         else:
-            # Tests that re-initialise with env:// (test_barrier_timeout_global) need a port
-            # all ranks agree on: a free one per test, inherited by the forked ranks.
+            # A test that re-initialises over env:// (INIT_METHOD=env:// given by hand) needs a
+            # port all ranks agree on: a free one per test, inherited by the forked ranks.
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
