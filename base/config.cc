@@ -242,13 +242,22 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) {
          c.shm.single_copy_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHM_SINGLE_COPY", v);
        }},
-      {"RAILSHARD_SHM_CROSS_READ", "0",
-       "1: the single copy (RAILSHARD_SHM_SINGLE_COPY) reads ordinary buffers too, with "
-       "process_vm_readv, where every rank has a core and the message is at most 32 MiB. Off "
-       "by default: it measured 1.2-1.4x the staged path on one CPU and 0.6-0.65x on another "
-       "(docs/benchmarks.md); turn it on where allreduce_perf shows it faster.",
+      {"RAILSHARD_SHM_CROSS_READ", "auto",
+       "Whether the single copy (RAILSHARD_SHM_SINGLE_COPY) reads ordinary buffers too, with "
+       "process_vm_readv, where every rank has a core and the message is at most 32 MiB. auto: "
+       "as a start-up probe on each host finds faster (a 2 MiB all-reduce both ways, the slowest "
+       "rank's times; logged at info, 'shm_read_probe' in the trace): it measured 1.2-1.4x the "
+       "staged path on one CPU and 0.6-0.65x on another (docs/benchmarks.md). 1: always; 0: "
+       "never (buffers from shared regions are read in place either way).",
+       [](Config& c, const std::string& v) { c.shm.cross_read = crossReadFrom(v); }},
+      {"RAILSHARD_SHARED_ALLOC", "1M",
+       "With the torch backend: once a railshard group has several ranks on this host and runs "
+       "its collectives through shared memory, CPU tensors of at least this many bytes (suffix "
+       "K, M, G) are allocated from memory the host's other ranks map (memfd regions, kept for "
+       "reuse when freed), so DDP's gradient buckets take the single copy read with plain "
+       "loads (docs/pytorch.md, 'Shared CPU memory'). 0: torch's own allocator.",
        [](Config& c, const std::string& v) {
-         c.shm.cross_read = parseInteger("RAILSHARD_SHM_CROSS_READ", v, 0, 1) == 1;
+         c.shm.shared_alloc_bytes = v == "0" ? 0 : parseBytes("RAILSHARD_SHARED_ALLOC", v);
        }},
       {"RAILSHARD_SPIN_US", "2000",
        "Microseconds a shared-memory wait polls (briefly with pause, then yielding the core) "
@@ -459,6 +468,9 @@ const Names<WaitMode> kWaitModeNames{
     {{WaitMode::kAuto, "auto"}, {WaitMode::kSpin, "spin"}, {WaitMode::kSleep, "sleep"}}};
 const Names<NcclMode> kNcclNames{
     "RAILSHARD_NCCL", {{NcclMode::kAuto, "auto"}, {NcclMode::kOn, "on"}, {NcclMode::kOff, "off"}}};
+const Names<CrossRead> kCrossReadNames{
+    "RAILSHARD_SHM_CROSS_READ",
+    {{CrossRead::kAuto, "auto"}, {CrossRead::kOn, "1"}, {CrossRead::kOff, "0"}}};
 const Names<LogLevel> kLogLevelNames{"RAILSHARD_LOG_LEVEL",
                                      {{LogLevel::kTrace, "trace"},
                                       {LogLevel::kDebug, "debug"},
@@ -478,6 +490,12 @@ std::string_view name(RailWeights weights) {
 }
 std::string_view name(NcclMode mode) {
   return kNcclNames.of(mode);
+}
+std::string_view name(CrossRead mode) {
+  return kCrossReadNames.of(mode);
+}
+CrossRead crossReadFrom(const std::string& text) {
+  return kCrossReadNames.from(text);
 }
 std::string_view name(RendezvousVerb verb) {
   return kRendezvousVerbNames.of(verb);
@@ -541,7 +559,8 @@ std::string Config::describe() const {
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
       << " shm_slot_bytes=" << shm.slot_bytes << " p2p_shm=" << shm.p2p
-      << " shm_single_copy_bytes=" << shm.single_copy_bytes << " shm_cross_read=" << shm.cross_read
+      << " shm_single_copy_bytes=" << shm.single_copy_bytes << " shm_cross_read=" << name(shm.cross_read)
+      << " shared_alloc_bytes=" << shm.shared_alloc_bytes
       << " ib_hca=" << (rdma.hca.empty() ? "-" : rdma.hca) << " ib_gid_index=" << rdma.gid_index
       << " ib_timeout=" << rdma.ack_timeout << " ib_retry_cnt=" << rdma.retry_cnt
       << " ib_slots=" << rdma.slots << " ib_slot_bytes=" << rdma.slot_bytes << " ib_rendezvous="

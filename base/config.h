@@ -23,6 +23,9 @@ enum class LaneConnect : uint8_t { kAuto, kEager, kLazy };
 enum class WaitMode : uint8_t { kAuto, kSpin, kSleep };
 // RAILSHARD_NCCL: NCCL inside a host for device all-reduces (docs/gpu.md).
 enum class NcclMode : uint8_t { kAuto, kOn, kOff };
+// RAILSHARD_SHM_CROSS_READ: whether the single copy reads ordinary buffers with
+// process_vm_readv; kAuto: as a start-up probe on the host finds faster.
+enum class CrossRead : uint8_t { kAuto, kOn, kOff };
 // RAILSHARD_LOG_LEVEL, least to most severe; kOff logs nothing.
 enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };
 
@@ -30,6 +33,7 @@ enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kCritical,
 std::string_view name(TransportKind kind);
 std::string_view name(RailWeights weights);
 std::string_view name(NcclMode mode);
+std::string_view name(CrossRead mode);
 std::string_view name(RendezvousVerb verb);
 std::string_view name(LaneConnect connect);
 std::string_view name(WaitMode mode);
@@ -38,6 +42,7 @@ std::string_view name(LogLevel level);
 TransportKind transportKindFrom(const std::string& text);
 RailWeights railWeightsFrom(const std::string& text);
 NcclMode ncclModeFrom(const std::string& text);
+CrossRead crossReadFrom(const std::string& text);
 RendezvousVerb rendezvousVerbFrom(const std::string& text);
 LaneConnect laneConnectFrom(const std::string& text);
 WaitMode waitModeFrom(const std::string& text);
@@ -82,7 +87,10 @@ struct ShmConfig {
   size_t slot_bytes = 0;  // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   bool p2p = true;        // RAILSHARD_P2P_SHM: same-host messages through shared memory
   size_t single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
-  bool cross_read = false;  // RAILSHARD_SHM_CROSS_READ: single copy of ordinary buffers too
+  CrossRead cross_read = CrossRead::kAuto;  // RAILSHARD_SHM_CROSS_READ
+  // RAILSHARD_SHARED_ALLOC: CPU tensors of at least this many bytes from shared regions once a
+  // railshard group has several ranks on this host (python/csrc/shared_allocator.h); 0 = never
+  size_t shared_alloc_bytes = size_t{1} << 20;
 };
 
 // How every wait of the library passes the time (transport/messaging/wait_policy.h).

@@ -163,6 +163,11 @@ void appendArgs(std::string& out, const Event& e, const std::vector<Track>& trac
     case Category::kPhase:
       sep();
       appendf(out, "\"seq\":%llu", static_cast<unsigned long long>(e.seq));
+      // A set-up phase's outcome (shm_read_probe: "cross_read" or "staged") and its bytes.
+      if (e.detail != nullptr) appendf(out, ",\"choice\":\"%s\"", e.detail);
+      if (e.bytes > 0) {
+        appendf(out, ",\"bytes\":%llu", static_cast<unsigned long long>(e.bytes));
+      }
       break;
     case Category::kReduce:
       sep();

@@ -8,6 +8,12 @@ the median step time of each, their ratio, and the gradient bytes all-reduced pe
 
     PYTHONPATH=build/python /usr/bin/python3 benchmarks/ddp_bench.py --nprocs 2 4
 
+--trace DIR records railshard's side (RAILSHARD_TRACE) and prints railshard-report's table of
+the gradient all-reduces: their busbw, and their efficiency against the copy rate measured at
+start-up (one host). With several ranks per host DDP's buckets come from shared memory
+(RAILSHARD_SHARED_ALLOC, docs/pytorch.md); RAILSHARD_SHARED_ALLOC=0 in the environment
+measures torch's own allocator instead.
+
 Results and the command lines that produced them: docs/benchmarks.md ("DDP step time").
 """
 
@@ -42,6 +48,8 @@ def worker(rank, nprocs, port, args, queue):
     import railshard  # noqa: F401  (registers the backend)
 
     torch.set_num_threads(args.threads)
+    if args.trace:
+        os.environ["RAILSHARD_TRACE"] = os.path.join(args.trace, f"np{nprocs}")
     dist.init_process_group("railshard", rank=rank, world_size=nprocs,
                             init_method=f"tcp://127.0.0.1:{port}")
     groups = {"railshard": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
@@ -86,6 +94,20 @@ def worker(rank, nprocs, port, args, queue):
     dist.destroy_process_group()
 
 
+def report(trace_dir):
+    """railshard-report's size-class table of the traced run (next to this build's tools)."""
+    import shutil
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    tool = shutil.which("railshard-report") or os.path.join(here, "..", "build", "launcher",
+                                                            "railshard-report")
+    out = subprocess.run([tool, trace_dir], capture_output=True, text=True, timeout=300)
+    lines = out.stdout.splitlines()
+    keep = [line for line in lines if "link limit" in line or "allreduce" in line
+            or line.lstrip().startswith("size")]
+    print("\n".join("   " + line for line in keep) or out.stderr, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
@@ -96,6 +118,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--trace", metavar="DIR",
+                        help="trace railshard's side into DIR/np<N> and report its all-reduces")
     args = parser.parse_args()
 
     import torch.multiprocessing as mp
@@ -123,6 +147,8 @@ def main():
         gl = statistics.median(slowest["gloo"]) * 1e3
         print(f"{nprocs:>5} {params:>10} {params * 4 / 1e6:>8.1f} {rs:>13.1f} {gl:>9.1f} "
               f"{rs / gl:>6.2f} {diff:>9.2e}", flush=True)
+        if args.trace:
+            report(os.path.join(args.trace, f"np{nprocs}"))
     return 0
 
 

@@ -1,11 +1,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/config.h"
 #include "base/store.h"
+#include "base/trace.h"
 #include "core/collectives/host_layout.h"
 #include "core/collectives/link_probe.h"
 #include "core/collectives/tuner.h"
@@ -63,6 +65,9 @@ class Channels {
   // Shared memory's hand-off and copy rate and the reduction kernel's rate, measured at
   // start-up on every host with several ranks (the slowest host's); zeros when none has.
   const collectives::MeasuredLinks& measured() const { return measured_; }
+  // The start-up probe of how to read ordinary buffers (RAILSHARD_SHM_CROSS_READ=auto), as a
+  // trace phase for Diagnostics to record once tracing is on; empty when it did not run.
+  const std::optional<trace::Event>& readProbeEvent() const { return read_probe_event_; }
 
  private:
   explicit Channels(const Options& options);
@@ -71,6 +76,9 @@ class Channels {
   void setUpHost(Store& store);
   void mapHostSegment(Store& store, const std::vector<int>& mine);
   void measureHost(Store& store, int leader);
+  // RAILSHARD_SHM_CROSS_READ=auto: the host's ranks time the single copy read across against
+  // the staged path and all take what was faster (collectives::probeCrossRead).
+  void chooseReadPath(int local_rank);
   void agreeOnMeasuredLinks(Store& store);
   // channels.cc: the sockets to every peer (first: see connect()), the messengers and their
   // links; the segment's and the group's errors as one.
@@ -86,6 +94,7 @@ class Channels {
   size_t host_slot_bytes_ = 0;
   collectives::LinkModel network_{0, 0};
   collectives::MeasuredLinks measured_;
+  std::optional<trace::Event> read_probe_event_;
   int failure_hook_ = 0;
 };
 

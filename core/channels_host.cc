@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/logging.h"
+#include "base/trace.h"
 #include "core/channels.h"
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
@@ -193,7 +194,11 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   engine_->barrier(setUpTag());
   transport::links::shm::ShmChannel::checkReadable(shared, local_rank, config.shm.p2p);
   engine_->barrier(setUpTag());
-  engine_->setSingleCopy(config.shm.single_copy_bytes, config.shm.cross_read);
+  engine_->setSingleCopy(config.shm.single_copy_bytes, config.shm.cross_read == CrossRead::kOn);
+  if (config.shm.cross_read == CrossRead::kAuto && config.shm.single_copy_bytes > 0 &&
+      engine_->everyoneReadsEveryone()) {
+    chooseReadPath(local_rank);
+  }
   if (config.shm.single_copy_bytes > 0 && !engine_->everyoneReadsEveryone() && local_rank == 0) {
     RS_LOG_INFO(
         "rank {}: large one-host all-reduces take the staged path through shared memory: "
@@ -201,6 +206,38 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
         "(RAILSHARD_P2P_SHM=0, ptrace_scope or a container's seccomp profile)",
         rank);
   }
+}
+
+void Channels::chooseReadPath(int local_rank) {
+  // Whether process_vm_readv beats the staged copy depends on the CPU (1.2-1.4x on an Intel
+  // Xeon, 0.6x on an AMD EPYC: docs/benchmarks.md), so each host measures it rather than
+  // trusting a default tuned on one of them; every rank gets the slowest rank's figures.
+  trace::Event event;
+  event.begin_ns = trace::now();
+  const collectives::ReadProbe probe =
+      collectives::probeCrossRead(*engine_, setUpTag(), kProbeBytes);
+  const bool across = probe.crossReadWins();
+  engine_->setSingleCopy(engine_->singleCopy().first, across);
+  // Tracing starts after the channels (Diagnostics), which records this then.
+  event.end_ns = trace::now();
+  event.category = trace::Category::kPhase;
+  event.name = "shm_read_probe";
+  event.detail = across ? "cross_read" : "staged";
+  event.bytes = kProbeBytes;
+  event.size = engine_->size();
+  read_probe_event_ = event;
+  if (local_rank != 0) return;
+  if (probe.cross_us == 0) {
+    RS_LOG_INFO("rank {}: single copy of ordinary buffers: staged (a rank of this host has "
+                "fewer cores than the host has ranks)",
+                options_.rank);
+    return;
+  }
+  RS_LOG_INFO("rank {}: single copy of ordinary buffers: {} (a {} MiB all-reduce on this host "
+              "took {:.0f} us read across with process_vm_readv, {:.0f} us staged; "
+              "RAILSHARD_SHM_CROSS_READ=0/1 decides instead)",
+              options_.rank, across ? "read across" : "staged", kProbeBytes >> 20, probe.cross_us,
+              probe.staged_us);
 }
 
 void Channels::measureHost(Store& store, int leader) {

@@ -93,6 +93,11 @@ void Diagnostics::setUpTracing(Store& store) {
     trace::setRankInfo(membership_.worldRank(), info);
   }
   channels_.mesh().setTraceRank(membership_.worldRank());
+  if (channels_.readProbeEvent()) {
+    trace::Event probe = *channels_.readProbeEvent();
+    probe.rank = membership_.worldRank();
+    trace::record(probe);
+  }
   trace_provider_ =
       trace::addMetadataProvider(membership_.worldRank(), [this] { return traceMetadata(); });
 }

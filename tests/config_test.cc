@@ -102,20 +102,40 @@ TEST(Config, ShmSingleCopyIsAThresholdInBytesOrZero) {
   }
 }
 
-TEST(Config, ShmCrossReadIsOffUnlessAskedFor) {
+TEST(Config, ShmCrossReadIsProbedUnlessSet) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_SHM_CROSS_READ", value}};
     return Config::fromEnvironment(&env).shm.cross_read;
   };
   const std::map<std::string, std::string> empty;
-  EXPECT_FALSE(Config::fromEnvironment(&empty).shm.cross_read);
-  EXPECT_TRUE(parse("1"));
-  EXPECT_FALSE(parse("0"));
+  EXPECT_EQ(Config::fromEnvironment(&empty).shm.cross_read, CrossRead::kAuto);
+  EXPECT_EQ(parse("1"), CrossRead::kOn);
+  EXPECT_EQ(parse("0"), CrossRead::kOff);
+  EXPECT_EQ(parse("auto"), CrossRead::kAuto);
   try {
     parse("yes");
     FAIL() << "no ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHM_CROSS_READ"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("yes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, SharedAllocIsBytesOrOff) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_SHARED_ALLOC", value}};
+    return Config::fromEnvironment(&env).shm.shared_alloc_bytes;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).shm.shared_alloc_bytes, size_t{1} << 20);
+  EXPECT_EQ(parse("0"), 0u);
+  EXPECT_EQ(parse("256K"), size_t{256} << 10);
+  try {
+    parse("lots");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHARED_ALLOC"), std::string::npos)
         << e.what();
   }
 }

@@ -64,6 +64,17 @@ size_t singleCopyPhases(const std::string& path, const std::string& name = "shm_
   return found;
 }
 
+// What the start-up probe chose ("cross_read" or "staged"); "" when it did not run.
+std::string probeChoice(const std::string& path) {
+  const json file = json::parse(readAll(path));
+  for (const auto& e : file["traceEvents"]) {
+    if (e.value("cat", "") == "phase" && e.value("name", "") == "shm_read_probe") {
+      return e["args"].value("choice", "?");
+    }
+  }
+  return "";
+}
+
 // (ranks, RAILSHARD_SHM_SINGLE_COPY in bytes)
 class SingleCopyThreads : public ::testing::TestWithParam<std::tuple<int, size_t>> {
  protected:
@@ -95,7 +106,7 @@ TEST_P(SingleCopyThreads, EveryDtypeOpInAndOutOfPlaceMatchesTheScalarReference) 
     options.config.algorithm = "shm_rsag";
     options.config.shm.slot_bytes = 64 * 1024;
     options.config.shm.single_copy_bytes = threshold;
-    options.config.shm.cross_read = true;  // ordinary buffers: read across where it may
+    options.config.shm.cross_read = CrossRead::kOn;  // ordinary buffers: read across where it may
     options.config.trace_dir = dir_;
     options.config.trace_events = 1 << 20;
     auto comm = Communicator::create(store, options);
@@ -271,12 +282,14 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
     std::map<std::string, std::string> env;
     bool shared;       // collective_check --shared 1
     const char* path;  // trace phases expected, one per all-reduce; nullptr: none
+    bool probed = false;  // path: "shm_single_copy" only where the start-up probe chose it
   };
   const std::vector<Setting> settings = {
       {{{"RAILSHARD_SHM_SINGLE_COPY", "1M"}, {"RAILSHARD_SHM_CROSS_READ", "1"}},
        false,
        "shm_single_copy"},
-      {{}, false, nullptr},  // the default: ordinary buffers staged
+      {{{"RAILSHARD_SHM_CROSS_READ", "0"}}, false, nullptr},
+      {{}, false, "shm_single_copy", true},  // the default: as the probe found faster
       {{}, true, "shm_single_copy_mapped"},
       {{{"RAILSHARD_SHM_SINGLE_COPY", "0"}}, true, nullptr},
       {{{"RAILSHARD_P2P_SHM", "0"}, {"RAILSHARD_SHM_CROSS_READ", "1"}}, false, nullptr},
@@ -299,8 +312,20 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
       const auto& r = results[static_cast<size_t>(rank)];
       ASSERT_EQ(r.exit_code, 0) << "rank " << rank << ": " << r.out << r.err;
       EXPECT_NE(r.out.find("ok after 6 allreduces over shm"), std::string::npos) << r.out;
+      // Every rank ran the probe (auto) or none did, and all made one choice.
+      const std::string choice = probeChoice(trace::rankFile(dir, rank));
+      auto said = [&](const std::string& variable) {
+        const auto it = setting.env.find(variable);
+        return it == setting.env.end() ? std::string() : it->second;
+      };
+      const bool probed = said("RAILSHARD_SHM_CROSS_READ").empty() &&
+                          said("RAILSHARD_SHM_SINGLE_COPY") != "0" &&
+                          said("RAILSHARD_P2P_SHM") != "0";
+      EXPECT_EQ(choice.empty(), !probed) << "rank " << rank << ": " << choice;
+      if (rank == 1) EXPECT_EQ(choice, probeChoice(trace::rankFile(dir, 0)));
       for (const char* phase : {"shm_single_copy", "shm_single_copy_mapped"}) {
-        const bool expected = setting.path != nullptr && std::string(setting.path) == phase;
+        const bool expected = setting.path != nullptr && std::string(setting.path) == phase &&
+                              (!setting.probed || choice == "cross_read");
         EXPECT_EQ(singleCopyPhases(trace::rankFile(dir, rank), phase), expected ? 6u : 0u)
             << "rank " << rank << " " << phase;
       }

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
 #include "core/collectives/shm_engine.h"
+#include "base/trace.h"
 #include "kernels/reduce.h"
 
 namespace railshard::collectives {
@@ -63,6 +65,39 @@ double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag,
     if (i == 0 || micros < fastest) fastest = micros;
   }
   return fastest;
+}
+
+}  // namespace railshard::collectives
+
+namespace railshard::collectives {
+
+ReadProbe probeCrossRead(ShmEngine& engine, const transport::MessageTag& tag, size_t bytes) {
+  // More ranks than cores on any rank: nobody reads across whatever this finds (a rank that
+  // reads while its peer waits for a core loses), so no timing; all learn it from one flag.
+  double lacks_core = engine.hasCoreEach() ? 0 : 1;
+  engine.allreduceDirect(&lacks_core, &lacks_core, 1, DataType::kFloat64, ReduceOp::kMax, tag);
+  if (lacks_core != 0) return {};
+  const auto [single_copy, cross_read] = engine.singleCopy();
+  const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  std::vector<float> send(count, 1.0f);
+  std::vector<float> recv(count, 0.0f);
+  // Alternating, each way once untimed first (page faults, caches): both ways see the same
+  // machine load, and the fastest of each is what the memory system does.
+  double best[2] = {0, 0};  // staged, across
+  for (int i = 0; i < kTimings; ++i) {
+    for (int across = 0; across < 2; ++across) {
+      engine.setSingleCopy(across != 0 ? bytes : 0, across != 0);
+      engine.barrier(tag);
+      const auto start = Clock::now();
+      engine.allreduceReduceScatterGather(send.data(), recv.data(), count, DataType::kFloat32,
+                                          ReduceOp::kSum, tag);
+      const double micros = secondsSince(start) * 1e6;
+      if (i > 0 && (best[across] == 0 || micros < best[across])) best[across] = micros;
+    }
+  }
+  engine.allreduceDirect(best, best, 2, DataType::kFloat64, ReduceOp::kMax, tag);
+  engine.setSingleCopy(single_copy, cross_read);
+  return ReadProbe{best[0], best[1]};
 }
 
 }  // namespace railshard::collectives

@@ -27,6 +27,21 @@ double measureReduceGBps(size_t bytes);
 // loopback TCP and the tuner pick a flat ring 3.5x slower than two levels.
 double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag, int rounds);
 
+// A 2-rank-or-more host's choice of how the single copy reads ordinary buffers: the time of
+// one all-reduce of `bytes` staged through the segment and read across with process_vm_readv
+// (microseconds, the fastest of a few on each rank, then the slowest rank's, so every rank of
+// the engine has the same figures and makes the same choice). Every rank of `engine` calls
+// this together; it leaves the engine's single-copy settings as it found them. Zeros (not
+// timed) when some rank has fewer cores than the engine has ranks.
+struct ReadProbe {
+  double staged_us = 0;
+  double cross_us = 0;
+  // Reading across wins by a margin: the staged path is what every rank can always do, and on
+  // a close call its smaller variance (no page pinning per call) is worth more.
+  bool crossReadWins() const { return cross_us > 0 && cross_us < 0.95 * staged_us; }
+};
+ReadProbe probeCrossRead(ShmEngine& engine, const transport::MessageTag& tag, size_t bytes);
+
 // The figures a host's leader publishes and every rank agrees on (the slowest host's).
 struct MeasuredLinks {
   LinkModel shm{0, 0};     // shared memory: α per hand-off, β of copies; 0 = not measured

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
@@ -87,6 +88,11 @@ class ShmEngine {
     single_copy_bytes_ = bytes;
     cross_read_ = cross_read;
   }
+  std::pair<size_t, bool> singleCopy() const { return {single_copy_bytes_, cross_read_}; }
+  // Whether every rank of the segment could read across (process_vm_readv) by itself: each has
+  // as many cores as the segment has ranks (reading across while a peer waits for a core costs
+  // more than it saves).
+  bool hasCoreEach() const { return static_cast<unsigned>(size_) <= cores_; }
   // Every rank of the segment can read every other's memory (RankControl::readable_mask).
   bool everyoneReadsEveryone() const;
   // Deadline of every wait from now on (a per-call override of Config::timeout).

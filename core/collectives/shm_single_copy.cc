@@ -15,10 +15,11 @@
 // each rank has a core and the message is at most tens of MiB, and not on every CPU
 // (docs/benchmarks.md, "One host: single copy": on an Intel Xeon np=2 at 4-16 MiB 1.2-1.4x
 // the staged path, 0.8x at 1 MiB, 0.4-0.95x at 64-256 MiB and np=4 on 2 cores; on an AMD
-// EPYC 0.6-0.65x at every size from 1 to 32 MiB). So it is asked for (Config::shm_cross_read),
-// not assumed: the ranks take the single copy when every rank's buffers are shared regions, or
-// when every rank would read across at this size; else, after the first hand-off, all of them
-// go the staged way (each decides from what all published, so they agree).
+// EPYC 0.6-0.65x at every size from 1 to 32 MiB). So each host measures it at start-up
+// (Config::shm.cross_read, collectives::probeCrossRead) rather than assuming it: the ranks
+// take the single copy when every rank's buffers are shared regions, or when every rank would
+// read across at this size; else, after the first hand-off, all of them go the staged way
+// (each decides from what all published, so they agree).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>

@@ -19,6 +19,7 @@
 #include "python/csrc/elastic_group.h"
 #include "python/csrc/named_group.h"
 #include "python/csrc/process_group.h"
+#include "python/csrc/shared_allocator.h"
 
 namespace py = pybind11;
 
@@ -199,6 +200,28 @@ PYBIND11_MODULE(_C, m) {
             at::TensorOptions().dtype(at::kByte));
       },
       py::arg("nbytes"));
+  m.def("_shared_allocator_stats", [] {
+    const auto stats = railshard::python::sharedAllocatorStats();
+    py::dict out;
+    out["installed"] = railshard::python::sharedAllocatorInstalled();
+    out["live_bytes"] = stats.live_bytes;
+    out["live_regions"] = stats.live_regions;
+    out["kept_bytes"] = stats.kept_bytes;
+    out["kept_regions"] = stats.kept_regions;
+    out["peak_live_bytes"] = stats.peak_live_bytes;
+    out["allocations"] = stats.taken;
+    out["reused"] = stats.reused;
+    return out;
+  });
+  m.def("_release_shared_cache", &railshard::python::releaseSharedCache,
+        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_is_shared",
+      [](const at::Tensor& tensor) {
+        return tensor.device().is_cpu() && tensor.numel() > 0 &&
+               railshard::python::isShared(tensor.data_ptr(), static_cast<size_t>(tensor.nbytes()));
+      },
+      py::arg("tensor"));
   m.attr("torch_version") = TORCH_VERSION;
   railshard::python::bindDispatcher(m);
   railshard::python::bindElasticGroup(m);

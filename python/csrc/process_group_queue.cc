@@ -17,6 +17,7 @@
 #include "launcher/init.h"
 #include "launcher/interfaces.h"
 #include "python/csrc/c10d_store.h"
+#include "python/csrc/shared_allocator.h"
 #include "transport/links/tcp/socket.h"
 
 namespace railshard::python {
@@ -121,6 +122,13 @@ ProcessGroupRailshard::ProcessGroupRailshard(std::unique_ptr<Communicator> commu
 }
 
 void ProcessGroupRailshard::start() {
+  // Several ranks on this host, every collective through its shared memory: from now on large
+  // CPU tensors (DDP's buckets among them, allocated after the group forms) come from regions
+  // the peers map, so the one-host all-reduce reads them in place (shared_allocator.h).
+  const size_t shared_alloc = communicator_->config().shm.shared_alloc_bytes;
+  if (shared_alloc > 0 && communicator_->size() > 1 && communicator_->usesSharedMemory()) {
+    installSharedAllocator(shared_alloc);
+  }
   worker_ = std::thread([this] { workerLoop(); });
   completer_ = std::thread([this] { completerLoop(); });
   std::lock_guard lock(registryMutex());

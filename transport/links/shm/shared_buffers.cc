@@ -1,5 +1,6 @@
 #include "transport/links/shm/shared_buffers.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -19,6 +20,7 @@ struct Region {
   size_t bytes;
   int fd;
   uint32_t serial;
+  bool shared = true;  // false: a copy-on-write mapping a fork left this (child) process
 };
 
 // Regions of this process by start address.
@@ -28,9 +30,46 @@ struct Registry {
   uint32_t next_serial = 1;
 };
 
+// fork() copies the address space, but a MAP_SHARED region stays one memory: a child's
+// writes (a DataLoader worker filling a batch into a reused tensor) would change the parent's
+// tensors, and the host's ranks would read the child's bytes. So the child remaps every region
+// it inherits MAP_PRIVATE from the same memfd: copy-on-write, as the rest of its memory. (One
+// difference from a snapshot: a page the child has not written still shows what the parent
+// writes later.) Those regions stop being shared (findShared ignores them); regions the child
+// makes itself are shared as usual. The registry's lock is held across fork() so that the
+// child never inherits it locked by a thread it does not have.
+void lockForFork();
+void unlockAfterFork();
+void privatizeAfterFork();
+
 Registry& registry() {
-  static Registry* instance = new Registry();  // never destroyed: used until exit
+  static Registry* instance = [] {
+    auto* r = new Registry();  // never destroyed: used until exit
+    ::pthread_atfork(&lockForFork, &unlockAfterFork, &privatizeAfterFork);
+    return r;
+  }();
   return *instance;
+}
+
+void lockForFork() {
+  registry().mutex.lock();
+}
+
+void unlockAfterFork() {
+  registry().mutex.unlock();
+}
+
+void privatizeAfterFork() {
+  Registry& r = registry();
+  for (auto& [address, region] : r.regions) {
+    if (!region.shared) continue;
+    // Same address, same bytes (the page cache of the memfd), now copy-on-write; should the
+    // remap fail the region stays shared memory, so it is at least never offered to peers.
+    ::mmap(reinterpret_cast<void*>(address), region.bytes, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_FIXED, region.fd, 0);
+    region.shared = false;
+  }
+  r.mutex.unlock();
 }
 
 std::string errnoText() {
@@ -43,7 +82,7 @@ void* allocateShared(size_t bytes) {
   if (bytes == 0) throw InvalidArgument("allocateShared: 0 bytes");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t rounded = (bytes + page - 1) / page * page;
-  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "railshard-buffer", 0));
+  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "railshard-buffer", MFD_CLOEXEC));
   if (fd < 0) throw Error("allocateShared: memfd_create failed: " + errnoText());
   if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
     const std::string why = errnoText();
@@ -90,7 +129,8 @@ SharedRef findShared(const void* address, size_t bytes) {
   if (it == r.regions.begin()) return {};
   --it;
   const uintptr_t begin = it->first;
-  if (at < begin || at - begin > it->second.bytes || bytes > it->second.bytes - (at - begin)) {
+  if (!it->second.shared || at < begin || at - begin > it->second.bytes ||
+      bytes > it->second.bytes - (at - begin)) {
     return {};
   }
   SharedRef ref;
