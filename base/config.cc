@@ -559,7 +559,8 @@ std::string Config::describe() const {
       << " chunk_bytes=" << chunk_bytes << " transport=" << name(transport)
       << " algorithm=" << algorithm << " nccl=" << name(nccl)
       << " shm_slot_bytes=" << shm.slot_bytes << " p2p_shm=" << shm.p2p
-      << " shm_single_copy_bytes=" << shm.single_copy_bytes << " shm_cross_read=" << name(shm.cross_read)
+      << " shm_single_copy_bytes=" << shm.single_copy_bytes
+      << " shm_cross_read=" << name(shm.cross_read)
       << " shared_alloc_bytes=" << shm.shared_alloc_bytes
       << " ib_hca=" << (rdma.hca.empty() ? "-" : rdma.hca) << " ib_gid_index=" << rdma.gid_index
       << " ib_timeout=" << rdma.ack_timeout << " ib_retry_cnt=" << rdma.retry_cnt

@@ -87,7 +87,7 @@ struct ShmConfig {
   size_t slot_bytes = 0;  // 0 = automatic (see RAILSHARD_SHM_SLOT_BYTES)
   bool p2p = true;        // RAILSHARD_P2P_SHM: same-host messages through shared memory
   size_t single_copy_bytes = size_t{1} << 20;  // RAILSHARD_SHM_SINGLE_COPY; 0 = never
-  CrossRead cross_read = CrossRead::kAuto;  // RAILSHARD_SHM_CROSS_READ
+  CrossRead cross_read = CrossRead::kAuto;     // RAILSHARD_SHM_CROSS_READ
   // RAILSHARD_SHARED_ALLOC: CPU tensors of at least this many bytes from shared regions once a
   // railshard group has several ranks on this host (python/csrc/shared_allocator.h); 0 = never
   size_t shared_alloc_bytes = size_t{1} << 20;

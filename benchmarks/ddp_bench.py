@@ -100,7 +100,7 @@ def report(trace_dir):
     import subprocess
     here = os.path.dirname(os.path.abspath(__file__))
     tool = shutil.which("railshard-report") or os.path.join(here, "..", "build", "launcher",
-                                                            "railshard-report")
+                                                            "tools", "railshard-report")
     out = subprocess.run([tool, trace_dir], capture_output=True, text=True, timeout=300)
     lines = out.stdout.splitlines()
     keep = [line for line in lines if "link limit" in line or "allreduce" in line

@@ -228,16 +228,18 @@ void Channels::chooseReadPath(int local_rank) {
   read_probe_event_ = event;
   if (local_rank != 0) return;
   if (probe.cross_us == 0) {
-    RS_LOG_INFO("rank {}: single copy of ordinary buffers: staged (a rank of this host has "
-                "fewer cores than the host has ranks)",
-                options_.rank);
+    RS_LOG_INFO(
+        "rank {}: single copy of ordinary buffers: staged (a rank of this host has "
+        "fewer cores than the host has ranks)",
+        options_.rank);
     return;
   }
-  RS_LOG_INFO("rank {}: single copy of ordinary buffers: {} (a {} MiB all-reduce on this host "
-              "took {:.0f} us read across with process_vm_readv, {:.0f} us staged; "
-              "RAILSHARD_SHM_CROSS_READ=0/1 decides instead)",
-              options_.rank, across ? "read across" : "staged", kProbeBytes >> 20, probe.cross_us,
-              probe.staged_us);
+  RS_LOG_INFO(
+      "rank {}: single copy of ordinary buffers: {} (a {} MiB all-reduce on this host "
+      "took {:.0f} us read across with process_vm_readv, {:.0f} us staged; "
+      "RAILSHARD_SHM_CROSS_READ=0/1 decides instead)",
+      options_.rank, across ? "read across" : "staged", kProbeBytes >> 20, probe.cross_us,
+      probe.staged_us);
 }
 
 void Channels::measureHost(Store& store, int leader) {

@@ -135,8 +135,7 @@ TEST(Config, SharedAllocIsBytesOrOff) {
     parse("lots");
     FAIL() << "no ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHARED_ALLOC"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_SHARED_ALLOC"), std::string::npos) << e.what();
   }
 }
 

@@ -54,7 +54,7 @@ TEST(SharedPool, KeepsNoMoreThanThePeakOfLiveBytes) {
   void* a = pool.take(4 * kMiB);
   void* b = pool.take(4 * kMiB);
   pool.give(a);
-  pool.give(b);  // kept: 8 MiB, the peak
+  pool.give(b);                      // kept: 8 MiB, the peak
   void* big = pool.take(16 * kMiB);  // peak now 16 MiB: nothing kept fits it
   pool.give(big);                    // 8 + 16 > 16: released, not kept
   const SharedPool::Stats stats = pool.stats();
@@ -71,8 +71,7 @@ TEST(SharedPool, RefusesWhatItDidNotHandOut) {
     pool.give(&local);
     FAIL() << "no InvalidArgument";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a region this pool handed out"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("is not a region this pool handed out"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(pool.take(0), InvalidArgument);

@@ -280,8 +280,8 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
   }
   struct Setting {
     std::map<std::string, std::string> env;
-    bool shared;       // collective_check --shared 1
-    const char* path;  // trace phases expected, one per all-reduce; nullptr: none
+    bool shared;          // collective_check --shared 1
+    const char* path;     // trace phases expected, one per all-reduce; nullptr: none
     bool probed = false;  // path: "shm_single_copy" only where the start-up probe chose it
   };
   const std::vector<Setting> settings = {

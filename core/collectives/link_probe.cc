@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "core/collectives/shm_engine.h"
 #include "base/trace.h"
+#include "core/collectives/shm_engine.h"
 #include "kernels/reduce.h"
 
 namespace railshard::collectives {

@@ -67,9 +67,10 @@ class SharedCpuAllocator final : public c10::Allocator {
         return {address, address, &deleteShared, c10::Device(c10::DeviceType::CPU)};
       } catch (const Error& e) {
         if (!g_warned.exchange(true)) {
-          RS_LOG_WARN("shared CPU allocator: {}; this and later tensors that cannot have a "
-                      "shared region come from torch's allocator",
-                      e.what());
+          RS_LOG_WARN(
+              "shared CPU allocator: {}; this and later tensors that cannot have a "
+              "shared region come from torch's allocator",
+              e.what());
         }
       }
     }
@@ -110,15 +111,17 @@ void installSharedAllocator(size_t min_bytes) {
   // installed with a higher priority on purpose.
   c10::SetAllocator(c10::DeviceType::CPU, &wrapper(), 0);
   if (c10::GetAllocator(c10::DeviceType::CPU) != &wrapper()) {
-    RS_LOG_INFO("shared CPU allocator not installed: torch's CPU allocator was replaced with a "
-                "higher priority by something else; large all-reduces of ordinary tensors "
-                "take the staged path");
+    RS_LOG_INFO(
+        "shared CPU allocator not installed: torch's CPU allocator was replaced with a "
+        "higher priority by something else; large all-reduces of ordinary tensors "
+        "take the staged path");
     return;
   }
   g_installed.store(true);
-  RS_LOG_INFO("shared CPU allocator installed: CPU tensors of at least {} bytes come from memory "
-              "this host's ranks map (RAILSHARD_SHARED_ALLOC=0 turns this off)",
-              min_bytes);
+  RS_LOG_INFO(
+      "shared CPU allocator installed: CPU tensors of at least {} bytes come from memory "
+      "this host's ranks map (RAILSHARD_SHARED_ALLOC=0 turns this off)",
+      min_bytes);
 }
 
 bool sharedAllocatorInstalled() {

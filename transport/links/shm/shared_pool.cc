@@ -54,9 +54,9 @@ void SharedPool::give(void* address) {
     const std::lock_guard<std::mutex> lock(mutex_);
     const auto it = live_.find(address);
     if (it == live_.end()) {
-      throw InvalidArgument("SharedPool::give: " +
-                            std::to_string(reinterpret_cast<uintptr_t>(address)) +
-                            " is not a region this pool handed out");
+      throw InvalidArgument(
+          "SharedPool::give: " + std::to_string(reinterpret_cast<uintptr_t>(address)) +
+          " is not a region this pool handed out");
     }
     const size_t size = it->second;
     live_.erase(it);
