@@ -1,4 +1,5 @@
 #include "base/logging.h"
+#include "base/log_line.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -35,6 +36,14 @@ void configure(LogLevel level, int rank) {
   // LogLevel's names are spdlog's.
   logger().set_level(spdlog::level::from_str(std::string(name(level))));
   logger().set_pattern("[railshard " + std::to_string(rank) + " %l] %v");
+}
+
+}  // namespace railshard::log
+
+namespace railshard::log {
+
+void line(LogLevel level, const std::string& text) {
+  logger().log(spdlog::level::from_str(std::string(name(level))), text);
 }
 
 }  // namespace railshard::log

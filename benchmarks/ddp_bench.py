@@ -12,7 +12,8 @@ the median step time of each, their ratio, and the gradient bytes all-reduced pe
 the gradient all-reduces: their busbw, and their efficiency against the copy rate measured at
 start-up (one host). With several ranks per host DDP's buckets come from shared memory
 (RAILSHARD_SHARED_ALLOC, docs/pytorch.md); RAILSHARD_SHARED_ALLOC=0 in the environment
-measures torch's own allocator instead.
+measures torch's own allocator instead. --cold-mib N compares, right after DDP steps, an
+all-reduce of N MiB with a copy of N MiB on every rank at once (both out of cache).
 
 Results and the command lines that produced them: docs/benchmarks.md ("DDP step time").
 """
@@ -70,6 +71,25 @@ def worker(rank, nprocs, port, args, queue):
         loss.backward()  # DDP all-reduces the gradient buckets during backward
         optims[name].step()
 
+    # --cold-mib: right after a DDP step (caches holding the model, not these buffers), an
+    # in-place all-reduce of a tensor allocated as DDP's buckets are, then (after the next
+    # step) a copy of the same size on every rank at once: the all-reduce's busbw against
+    # memcpy's rate in the same state of the machine.
+    cold = []
+    cold_bytes = int(args.cold_mib * (1 << 20)) // 4 * 4
+    cold_t = torch.ones(cold_bytes // 4) if cold_bytes else None
+    cold_u, cold_v = (torch.ones(cold_bytes // 4), torch.ones(cold_bytes // 4)) if cold_bytes \
+        else (None, None)
+
+    def cold_pair(name):
+        dist.barrier(group=groups["gloo"])
+        begin = time.perf_counter()
+        if name == "railshard":
+            dist.all_reduce(cold_t)
+        else:
+            cold_u.copy_(cold_v)
+        return name, cold_bytes / (time.perf_counter() - begin) / 1e9
+
     times = {name: [] for name in groups}
     for round_ in range(args.warmup + args.steps):
         for name in groups:
@@ -79,6 +99,8 @@ def worker(rank, nprocs, port, args, queue):
             elapsed = time.perf_counter() - start
             if round_ >= args.warmup:
                 times[name].append(elapsed)
+            if args.cold_mib > 0 and round_ >= args.warmup:
+                cold.append(cold_pair(name))
     # A rank's step ends when its own all-reduces did; the slowest rank is the step time.
     slowest = {}
     for name in groups:
@@ -89,7 +111,7 @@ def worker(rank, nprocs, port, args, queue):
     diff = max((a - b).abs().max().item() for a, b in
                zip(models["railshard"].parameters(), models["gloo"].parameters()))
     if rank == 0:
-        queue.put((params, slowest, diff))
+        queue.put((params, slowest, diff, cold))
     dist.barrier(group=groups["gloo"])
     dist.destroy_process_group()
 
@@ -118,6 +140,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--cold-mib", type=float, default=0,
+                        help="after each step, time an in-place all-reduce (after railshard's "
+                             "step) and a copy (after gloo's) of this many MiB")
     parser.add_argument("--trace", metavar="DIR",
                         help="trace railshard's side into DIR/np<N> and report its all-reduces")
     args = parser.parse_args()
@@ -142,11 +167,18 @@ def main():
             print(f"ddp_bench: {nprocs} processes failed: exit codes "
                   f"{[p.exitcode for p in procs]}", file=sys.stderr)
             return 1
-        params, slowest, diff = queue.get()
+        params, slowest, diff, cold = queue.get()
         rs = statistics.median(slowest["railshard"]) * 1e3
         gl = statistics.median(slowest["gloo"]) * 1e3
         print(f"{nprocs:>5} {params:>10} {params * 4 / 1e6:>8.1f} {rs:>13.1f} {gl:>9.1f} "
               f"{rs / gl:>6.2f} {diff:>9.2e}", flush=True)
+        if cold:
+            reduce = [gbps for name, gbps in cold if name == "railshard"]
+            copy = [gbps for name, gbps in cold if name == "gloo"]
+            ratios = [a / b for a, b in zip(reduce, copy)]
+            print(f"   after a step, {args.cold_mib:g} MiB on rank 0: all-reduce busbw median "
+                  f"{statistics.median(reduce):.2f} GB/s, copy {statistics.median(copy):.2f} "
+                  f"GB/s, ratio median {statistics.median(ratios):.2f} (per step)", flush=True)
         if args.trace:
             report(os.path.join(args.trace, f"np{nprocs}"))
     return 0

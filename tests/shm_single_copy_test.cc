@@ -322,7 +322,9 @@ TEST(SingleCopy, ProcessesAllreduceExactlyOnTheSingleCopyAndOnBothFallbacks) {
                           said("RAILSHARD_SHM_SINGLE_COPY") != "0" &&
                           said("RAILSHARD_P2P_SHM") != "0";
       EXPECT_EQ(choice.empty(), !probed) << "rank " << rank << ": " << choice;
-      if (rank == 1) EXPECT_EQ(choice, probeChoice(trace::rankFile(dir, 0)));
+      if (rank == 1) {
+        EXPECT_EQ(choice, probeChoice(trace::rankFile(dir, 0)));
+      }
       for (const char* phase : {"shm_single_copy", "shm_single_copy_mapped"}) {
         const bool expected = setting.path != nullptr && std::string(setting.path) == phase &&
                               (!setting.probed || choice == "cross_read");

@@ -4,12 +4,13 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
 
 #include "base/error.h"
-#include "base/logging.h"
+#include "base/log_line.h"
 #include "transport/links/shm/shared_buffers.h"
 
 // torch 2.3 made Allocator::allocate non-const and added the pure virtual copy_data.
@@ -67,10 +68,9 @@ class SharedCpuAllocator final : public c10::Allocator {
         return {address, address, &deleteShared, c10::Device(c10::DeviceType::CPU)};
       } catch (const Error& e) {
         if (!g_warned.exchange(true)) {
-          RS_LOG_WARN(
-              "shared CPU allocator: {}; this and later tensors that cannot have a "
-              "shared region come from torch's allocator",
-              e.what());
+          log::line(LogLevel::kWarn, std::string("shared CPU allocator: ") + e.what() +
+                                         "; this and later tensors that cannot have a shared "
+                                         "region come from torch's allocator");
         }
       }
     }
@@ -111,17 +111,17 @@ void installSharedAllocator(size_t min_bytes) {
   // installed with a higher priority on purpose.
   c10::SetAllocator(c10::DeviceType::CPU, &wrapper(), 0);
   if (c10::GetAllocator(c10::DeviceType::CPU) != &wrapper()) {
-    RS_LOG_INFO(
-        "shared CPU allocator not installed: torch's CPU allocator was replaced with a "
-        "higher priority by something else; large all-reduces of ordinary tensors "
-        "take the staged path");
+    log::line(LogLevel::kInfo,
+              "shared CPU allocator not installed: torch's CPU allocator was replaced with a "
+              "higher priority by something else; large all-reduces of ordinary tensors "
+              "take the staged path");
     return;
   }
   g_installed.store(true);
-  RS_LOG_INFO(
-      "shared CPU allocator installed: CPU tensors of at least {} bytes come from memory "
-      "this host's ranks map (RAILSHARD_SHARED_ALLOC=0 turns this off)",
-      min_bytes);
+  log::line(LogLevel::kInfo, "shared CPU allocator installed: CPU tensors of at least " +
+                                 std::to_string(min_bytes) +
+                                 " bytes come from memory this host's ranks map "
+                                 "(RAILSHARD_SHARED_ALLOC=0 turns this off)");
 }
 
 bool sharedAllocatorInstalled() {
