@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "base/trace.h"
 #include "core/collectives/shm_engine.h"
 #include "kernels/reduce.h"
 
@@ -66,10 +65,6 @@ double measureHandOffMicros(ShmEngine& engine, const transport::MessageTag& tag,
   }
   return fastest;
 }
-
-}  // namespace railshard::collectives
-
-namespace railshard::collectives {
 
 ReadProbe probeCrossRead(ShmEngine& engine, const transport::MessageTag& tag, size_t bytes) {
   // More ranks than cores on any rank: nobody reads across whatever this finds (a rank that
