@@ -38,10 +38,6 @@ void configure(LogLevel level, int rank) {
   logger().set_pattern("[railshard " + std::to_string(rank) + " %l] %v");
 }
 
-}  // namespace railshard::log
-
-namespace railshard::log {
-
 void line(LogLevel level, const std::string& text) {
   logger().log(spdlog::level::from_str(std::string(name(level))), text);
 }

@@ -195,8 +195,9 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   transport::links::shm::ShmChannel::checkReadable(shared, local_rank, config.shm.p2p);
   engine_->barrier(setUpTag());
   engine_->setSingleCopy(config.shm.single_copy_bytes, config.shm.cross_read == CrossRead::kOn);
+  // Only one-host jobs run the single copy (several hosts: two levels, staged in the host).
   if (config.shm.cross_read == CrossRead::kAuto && config.shm.single_copy_bytes > 0 &&
-      engine_->everyoneReadsEveryone()) {
+      layout_->hostCount() == 1 && engine_->everyoneReadsEveryone()) {
     chooseReadPath(local_rank);
   }
   if (config.shm.single_copy_bytes > 0 && !engine_->everyoneReadsEveryone() && local_rank == 0) {

@@ -30,10 +30,7 @@ void* SharedPool::take(size_t bytes) {
       stats_.kept_bytes -= size;
       --stats_.kept_regions;
       ++stats_.reused;
-      live_[address] = size;
-      stats_.live_bytes += size;
-      ++stats_.live_regions;
-      stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+      markLive(address, size);
       return address;
     }
   }
@@ -41,11 +38,15 @@ void* SharedPool::take(size_t bytes) {
   // both (shared_buffers.cc), so this lock is never held while waiting for that one.
   void* address = allocateShared(rounded);
   const std::lock_guard<std::mutex> lock(mutex_);
-  live_[address] = rounded;
-  stats_.live_bytes += rounded;
+  markLive(address, rounded);
+  return address;
+}
+
+void SharedPool::markLive(void* address, size_t size) {
+  live_[address] = size;
+  stats_.live_bytes += size;
   ++stats_.live_regions;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-  return address;
 }
 
 void SharedPool::give(void* address) {

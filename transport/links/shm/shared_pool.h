@@ -48,6 +48,9 @@ class SharedPool {
   void unlockAfterFork() { mutex_.unlock(); }
 
  private:
+  // Books a region handed out (under mutex_).
+  void markLive(void* address, size_t size);
+
   mutable std::mutex mutex_;
   std::unordered_map<const void*, size_t> live_;  // address -> region bytes
   std::multimap<size_t, void*> kept_;             // region bytes -> address
