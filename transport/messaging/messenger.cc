@@ -115,6 +115,7 @@ void Messenger::raisePending() {
 
 void Messenger::peerLostLocked(const std::string& reason, const std::string& message) {
   lost_ = true;
+  lost_why_ = reason;
   group_.failure->recordLost(options_.peer, reason);
   failLocked(ErrorKind::kPeerLost, message);
 }
@@ -145,10 +146,10 @@ RequestPtr Messenger::isend(const void* data, size_t bytes, const MessageTag& ta
       if (!unreachable_.empty()) {
         failLocked(ErrorKind::kPeerLost, unreachable_);
       } else {
-        failLocked(ErrorKind::kPeerLost,
-                   "rank " + std::to_string(group_.rank) + ": cannot send " + describe(tag) +
-                       " to " + peerName() + ": " +
-                       (lost_ ? "the connection is gone" : "it closed its communicator"));
+        failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) + ": cannot send " +
+                                             describe(tag) + " to " + peerName() + ": " +
+                                             (lost_ ? "the connection is gone (" + lost_why_ + ")"
+                                                    : "it closed its communicator"));
       }
     } else {
       op = std::make_shared<SendOp>(options_.peer, data, bytes, tag, book_.numberSend());
@@ -196,10 +197,11 @@ RequestPtr Messenger::postReceive(const RequestPtr& op, const MessageTag& tag,
       if (!unreachable_.empty()) {
         failLocked(ErrorKind::kPeerLost, unreachable_);
       } else {
-        failLocked(ErrorKind::kPeerLost,
-                   "rank " + std::to_string(group_.rank) + ": cannot receive " + describe(tag) +
-                       " from " + peerName() + ": " +
-                       (lost_ ? "the connection is gone" : "it closed its communicator"));
+        failLocked(ErrorKind::kPeerLost, "rank " + std::to_string(group_.rank) +
+                                             ": cannot receive " + describe(tag) + " from " +
+                                             peerName() + ": " +
+                                             (lost_ ? "the connection is gone (" + lost_why_ + ")"
+                                                    : "it closed its communicator"));
       }
     } else {
       MessageBook::Posted posted = post(op);

@@ -308,6 +308,10 @@ class Messenger {
   std::vector<Pending> pending_;
   // The peer.
   bool lost_ = false;
+  // Why: a send or receive that finds the peer lost names it too. The loss is raised by
+  // raisePending() outside the lock, so another thread's operation can raise its own error
+  // first, and that error must still say what failed (which rail, which heartbeat).
+  std::string lost_why_;
   std::string unreachable_;  // every data link failed while nothing was pending: why
   bool bye_received_ = false;
   uint64_t bye_messages_ = 0;  // messages the peer sent before its goodbye
