@@ -8,6 +8,7 @@
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
 #include "core/topology/topology.h"
+#include "transport/bootstrap/ring_exchange.h"
 #include "transport/links/ibverbs/ibverbs_factory.h"
 #include "transport/links/shm/shm_channel.h"
 #include "transport/links/tcp/tcp_mesh.h"
@@ -48,7 +49,6 @@ transport::links::ibverbs::FactoryOptions rdmaOptions(const Channels::Options& o
   transport::links::ibverbs::FactoryOptions ib;
   ib.rank = options.rank;
   ib.size = options.size;
-  ib.key_prefix = options.key_prefix;
   ib.connect_timeout = config.connect_timeout;
   ib.mode = config.transport == TransportKind::kIbverbs ? transport::links::ibverbs::Mode::kForced
                                                         : transport::links::ibverbs::Mode::kAuto;
@@ -75,9 +75,19 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
   if (options.size > 1) {
     // Sockets first: every rank accepts its peers' connections (and refuses strangers') while
     // the slowest rank is still starting; the host's segment then waits for the host's ranks.
-    transport::links::tcp::Connections sockets = channels->connectSockets(store);
-    channels->setUpHost(store);
-    channels->connectLinks(store, std::move(sockets));
+    // What every rank tells every other goes round a ring of the ranks (two store requests
+    // per rank), not through the store (one request per pair); its sockets close after.
+    transport::bootstrap::RingOptions ring;
+    ring.rank = options.rank;
+    ring.size = options.size;
+    ring.token = options.config->token;
+    ring.advertise_host = options.advertise_host;
+    ring.key_prefix = options.key_prefix;
+    ring.timeout = std::chrono::duration_cast<Duration>(options.config->connect_timeout);
+    transport::bootstrap::RingExchange exchange(store, ring);
+    transport::links::tcp::Connections sockets = channels->connectSockets(exchange);
+    channels->setUpHost(store, exchange);
+    channels->connectLinks(exchange, std::move(sockets));
     channels->joinErrorStates();
   }
   return channels;
@@ -94,7 +104,8 @@ void Channels::joinErrorStates() {
                                                     bool) { engine->abort(kind, message); });
 }
 
-transport::links::tcp::Connections Channels::connectSockets(Store& store) {
+transport::links::tcp::Connections Channels::connectSockets(
+    transport::bootstrap::Exchange& exchange) {
   const Config& config = *options_.config;
   transport::links::tcp::ConnectOptions tcp;
   tcp.rank = options_.rank;
@@ -105,10 +116,11 @@ transport::links::tcp::Connections Channels::connectSockets(Store& store) {
   tcp.connect_timeout = config.connect_timeout;
   tcp.peer_rails = railsToPeers(options_);
   tcp.sockets_per_rail = config.links.sockets_per_rail;
-  return transport::links::tcp::connectPeers(store, tcp);
+  return transport::links::tcp::connectPeers(exchange, tcp);
 }
 
-void Channels::connectLinks(Store& store, transport::links::tcp::Connections connections) {
+void Channels::connectLinks(transport::bootstrap::Exchange& exchange,
+                            transport::links::tcp::Connections connections) {
   using transport::messaging::Messenger;
   const Config& config = *options_.config;
   const int rank = options_.rank;
@@ -125,7 +137,7 @@ void Channels::connectLinks(Store& store, transport::links::tcp::Connections con
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {
     auto ib = rdmaOptions(options_);
     ib.spin = mesh_->waiter().plan().poll;
-    rdma = transport::links::ibverbs::planRdma(store, ib, mesh_->failure());
+    rdma = transport::links::ibverbs::planRdma(exchange, ib, mesh_->failure());
   }
 
   transport::links::tcp::TcpDriver::Options driver_options;

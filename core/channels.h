@@ -11,6 +11,7 @@
 #include "core/collectives/host_layout.h"
 #include "core/collectives/link_probe.h"
 #include "core/collectives/tuner.h"
+#include "transport/bootstrap/exchange.h"
 #include "transport/links/tcp/tcp_connect.h"
 #include "transport/messaging/mesh.h"
 
@@ -29,7 +30,8 @@ class ShmEngine;
 // the peer's advertised address), RDMA lanes where both hosts have usable ports (the TCP
 // connections then carry control only, or stripe with the lanes: RAILSHARD_STRIPE_TCP) — and
 // the host's shared-memory segment with the engine the one-host collectives run on, and what
-// start-up measured. Built collectively at start-up (store exchanges).
+// start-up measured. Built collectively at start-up: what every rank must know of every other
+// travels over a start-up ring (transport/bootstrap), the store is asked O(1) per rank.
 class Channels {
  public:
   struct Options {
@@ -73,17 +75,20 @@ class Channels {
   explicit Channels(const Options& options);
   // channels_host.cc: groups the ranks by host and maps one segment per host with several
   // ranks, measured; then the ranks of a pair check whether they may read each other's memory.
-  void setUpHost(Store& store);
-  void mapHostSegment(Store& store, const std::vector<int>& mine);
-  void measureHost(Store& store, int leader);
+  void setUpHost(Store& store, transport::bootstrap::Exchange& exchange);
+  // The leader's record of its host's segment ("slot alpha beta reduce") for the others; empty
+  // on the other ranks and when the host has none.
+  std::string mapHostSegment(Store& store, const std::vector<int>& mine);
+  std::string measureHost(int leader);
   // RAILSHARD_SHM_CROSS_READ=auto: the host's ranks time the single copy read across against
   // the staged path and all take what was faster (collectives::probeCrossRead).
   void chooseReadPath(int local_rank);
-  void agreeOnMeasuredLinks(Store& store);
+  void agreeOnMeasuredLinks(const std::vector<std::string>& segments);
   // channels.cc: the sockets to every peer (first: see connect()), the messengers and their
   // links; the segment's and the group's errors as one.
-  transport::links::tcp::Connections connectSockets(Store& store);
-  void connectLinks(Store& store, transport::links::tcp::Connections connections);
+  transport::links::tcp::Connections connectSockets(transport::bootstrap::Exchange& exchange);
+  void connectLinks(transport::bootstrap::Exchange& exchange,
+                    transport::links::tcp::Connections connections);
   void joinErrorStates();
 
   Options options_;

@@ -73,23 +73,22 @@ size_t Channels::hostSlotBytes() const {
   return engine_ ? engine_->slotBytes() : 0;
 }
 
-void Channels::setUpHost(Store& store) {
+void Channels::setUpHost(Store& store, transport::bootstrap::Exchange& exchange) {
   const Config& config = *options_.config;
   const int rank = options_.rank;
   const int size = options_.size;
-  const Duration timeout = std::chrono::duration_cast<Duration>(config.connect_timeout);
-  auto key = [&](const std::string& what, int r) { return shmKey(options_.key_prefix, what, r); };
   // A host is what the cluster graph says (ranks in separate network/UTS namespaces, or a
   // topology file that says so, are different hosts even when they could map the same
   // memory: the graph is the authority on what the user wants treated as a host), split
   // further by what can really share memory (boot id + /dev/shm).
-  store.setString(key("host", rank), transport::links::shm::hostIdentity(), timeout);
+  const std::vector<std::string> identities =
+      exchange.allGather(transport::links::shm::hostIdentity(), "host identity");
   const topology::Topology* graph = options_.topology;
   const bool graphed = graph != nullptr && graph->worldSize() == size;
   std::vector<std::string> keys(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    keys[static_cast<size_t>(r)] = (graphed ? graph->rank(r).host + "|" : std::string()) +
-                                   store.getString(key("host", r), timeout);
+    keys[static_cast<size_t>(r)] =
+        (graphed ? graph->rank(r).host + "|" : std::string()) + identities[static_cast<size_t>(r)];
   }
   layout_ = std::make_unique<collectives::HostLayout>(collectives::HostLayout::fromKeys(keys));
   network_ = networkBetweenHosts(graph, *layout_, rank);
@@ -105,24 +104,24 @@ void Channels::setUpHost(Store& store) {
   }
   const auto& mine =
       layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank)])];
-  if (mine.size() > 1) mapHostSegment(store, mine);
-  agreeOnMeasuredLinks(store);
+  const std::vector<std::string> segments = exchange.allGather(
+      mine.size() > 1 ? mapHostSegment(store, mine) : std::string(), "host segments");
+  agreeOnMeasuredLinks(segments);
   if (layout_->hostCount() == 1 || !layout_->twoLevel()) return;
   // Two levels only if every host with several ranks has its segment: each host's leader
-  // published its segment's name (empty when it could not make one), and all ranks read every
-  // leader's, so all of them agree on the algorithms. The smallest host's slot bounds the
+  // told every rank its segment's slot (nothing when it could not make one), so all of them
+  // agree on the algorithms. The smallest host's slot bounds the
   // direct variant everywhere, so that every rank makes the same choice for a message size.
   two_level_ = true;
   host_slot_bytes_ = std::numeric_limits<size_t>::max();
   for (const auto& ranks : layout_->hosts) {
     if (ranks.size() < 2) continue;
-    const std::string published = store.getString(key("name", ranks.front()), timeout);
+    const std::string& published = segments[static_cast<size_t>(ranks.front())];
     if (published.empty()) {
       two_level_ = false;
       continue;
     }
-    host_slot_bytes_ =
-        std::min<size_t>(host_slot_bytes_, std::stoull(published.substr(published.find('|') + 1)));
+    host_slot_bytes_ = std::min<size_t>(host_slot_bytes_, std::stoull(published));
   }
   if (!two_level_) {
     engine_.reset();
@@ -131,7 +130,7 @@ void Channels::setUpHost(Store& store) {
   }
 }
 
-void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
+std::string Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   const Config& config = *options_.config;
   const int rank = options_.rank;
   const Duration timeout = std::chrono::duration_cast<Duration>(config.connect_timeout);
@@ -176,7 +175,7 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
   }
   // Whether the leader's segment exists decides for the whole host: every rank of it either
   // maps it or (empty name) none does, so all agree on the algorithms.
-  if (!segment) return;
+  if (!segment) return std::string();
   RS_LOG_DEBUG("rank {}: shared memory segment {} ({} ranks, {} bytes per slot)", rank,
                segment->name(), local_size, segment->slotBytes());
   engine_ = std::make_unique<collectives::ShmEngine>(
@@ -184,7 +183,7 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
       std::chrono::duration_cast<Duration>(config.timeout),
       std::chrono::duration_cast<Duration>(config.wait.spin), mine, config.wait.mode);
   engine_->setFailure(&mesh_->failure());
-  measureHost(store, leader);
+  const std::string figures = measureHost(leader);
   // Every rank of the host finds out whose memory it can read (cross-memory attach may be
   // refused: ptrace permissions, a container's seccomp profile) and publishes it in the
   // segment; a pair reads across only where both may, and both ranks read the same bits, so
@@ -207,6 +206,7 @@ void Channels::mapHostSegment(Store& store, const std::vector<int>& mine) {
         "(RAILSHARD_P2P_SHM=0, ptrace_scope or a container's seccomp profile)",
         rank);
   }
+  return figures;
 }
 
 void Channels::chooseReadPath(int local_rank) {
@@ -243,36 +243,35 @@ void Channels::chooseReadPath(int local_rank) {
       probe.staged_us);
 }
 
-void Channels::measureHost(Store& store, int leader) {
+std::string Channels::measureHost(int leader) {
   // Every rank of the host takes part in the hand-offs; the leader alone times the copy and
   // the kernel (the others would only compete with it for the memory bus) and publishes.
   const double alpha = collectives::measureHandOffMicros(*engine_, setUpTag(), kHandOffRounds);
-  if (options_.rank != leader) return;
+  if (options_.rank != leader) return std::string();
   const double beta = collectives::measureCopyGBps(kProbeBytes);
   const double reduce = collectives::measureReduceGBps(kProbeBytes);
-  store.setString(shmKey(options_.key_prefix, "link", leader),
-                  std::to_string(alpha) + " " + std::to_string(beta) + " " + std::to_string(reduce),
-                  std::chrono::duration_cast<Duration>(options_.config->connect_timeout));
+  return std::to_string(engine_->slotBytes()) + " " + std::to_string(alpha) + " " +
+         std::to_string(beta) + " " + std::to_string(reduce);
 }
 
-void Channels::agreeOnMeasuredLinks(Store& store) {
-  // The leader of every host that mapped a segment measured it; every rank reads them all and
+void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
+  // The leader of every host that mapped a segment measured it; every rank has them all and
   // takes the slowest host's figures, so all ranks feed the tuner the same numbers (and so
-  // choose the same algorithms). Hosts that could not map a segment published no figures.
-  const Duration timeout = std::chrono::duration_cast<Duration>(options_.config->connect_timeout);
+  // choose the same algorithms). Hosts that could not map a segment sent no figures.
   collectives::MeasuredLinks agreed;
   bool any = false;
   for (const auto& ranks : layout_->hosts) {
     if (ranks.size() < 2) continue;
     const int leader = ranks.front();
-    if (store.getString(shmKey(options_.key_prefix, "name", leader), timeout).empty()) continue;
+    const std::string& text = segments[static_cast<size_t>(leader)];
+    if (text.empty()) continue;
+    unsigned long long slot = 0;
     double alpha = 0;
     double beta = 0;
     double reduce = 0;
-    const std::string text = store.getString(shmKey(options_.key_prefix, "link", leader), timeout);
-    if (std::sscanf(text.c_str(), "%lf %lf %lf", &alpha, &beta, &reduce) != 3) {
-      throw Error("rank " + std::to_string(leader) + " published unreadable link figures '" + text +
-                  "'");
+    if (std::sscanf(text.c_str(), "%llu %lf %lf %lf", &slot, &alpha, &beta, &reduce) != 4) {
+      throw ProtocolError("rank " + std::to_string(leader) + " sent unreadable link figures '" +
+                          text + "'");
     }
     if (!any) {
       agreed.shm = {alpha, beta};

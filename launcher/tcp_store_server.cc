@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <exception>
+#include <iomanip>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -128,7 +130,11 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::adopt(int listen_fd, std::string
       new TcpStoreServer(std::move(fd), std::move(token), options));
 }
 
-TcpStoreServer::~TcpStoreServer() = default;
+TcpStoreServer::~TcpStoreServer() {
+  // What the job cost the store: at scale its start-up's requests are the number to watch.
+  RS_LOG_INFO("store server on {} answered {}", impl_->address().toString(),
+              impl_->stats().describe());
+}
 
 uint16_t TcpStoreServer::port() const {
   return impl_->address().port();
@@ -136,6 +142,24 @@ uint16_t TcpStoreServer::port() const {
 
 const SockAddr& TcpStoreServer::address() const {
   return impl_->address();
+}
+
+StoreStats TcpStoreServer::stats() const {
+  return impl_->stats();
+}
+
+std::string StoreStats::describe() const {
+  std::ostringstream out;
+  auto megabytes = [](uint64_t bytes) {
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(bytes < 10000000 ? 2 : 1) << bytes / 1e6 << " MB";
+    return text.str();
+  };
+  out << requests() << " requests (" << sets << " set, " << gets << " get, " << adds << " add, "
+      << waits << " wait of " << keys_waited << " keys, " << removes << " remove), "
+      << megabytes(bytes_in) << " in, " << megabytes(bytes_out) << " out, " << connections
+      << " connections";
+  return out.str();
 }
 
 }  // namespace railshard::launcher

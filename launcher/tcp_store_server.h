@@ -29,6 +29,25 @@ struct TcpStoreServerOptions {
   std::function<void(const std::string& peer)> on_wrong_token;
 };
 
+// What a server was asked since it started (after HELLO), counted as it answers. A start-up's
+// cost at the store is these: at thousands of ranks one server answers them all, so they must
+// grow as the ranks do, not as their square (issue #46; docs/scaling.md).
+struct StoreStats {
+  uint64_t sets = 0;
+  uint64_t gets = 0;
+  uint64_t adds = 0;
+  uint64_t waits = 0;
+  uint64_t removes = 0;
+  uint64_t keys_waited = 0;  // the keys the WAITs named, together
+  uint64_t bytes_in = 0;     // every frame received, HELLOs included
+  uint64_t bytes_out = 0;    // every response sent
+  uint64_t connections = 0;  // accepted
+
+  uint64_t requests() const { return sets + gets + adds + waits + removes; }
+  // "1,234 requests (512 set, 700 get, 20 add, 2 wait), 1.2 MB in, 3.4 MB out, 256 connections"
+  std::string describe() const;
+};
+
 // The rendezvous store every rank talks to at start-up (usually hosted by rank 0 or by
 // railshard-launch). One background thread multiplexes the listening socket and all client
 // connections with epoll; a GET or WAIT that cannot be answered yet is parked with its
@@ -56,6 +75,8 @@ class TcpStoreServer {
   uint16_t port() const;
   // The bound address ("0.0.0.0:29500" when listening on every interface).
   const transport::links::tcp::SockAddr& address() const;
+  // Safe from any thread while the server runs.
+  StoreStats stats() const;
 
  private:
   TcpStoreServer(transport::links::tcp::Fd listen_fd, std::string token,

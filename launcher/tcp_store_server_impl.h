@@ -4,6 +4,7 @@
 // the epoll loop), tcp_store_server_io.cc (connections, frames in and responses out) and
 // tcp_store_server_requests.cc (requests, parked GETs and WAITs, timers). Not part of the
 // interface.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -38,6 +39,7 @@ class TcpStoreServer::Impl {
   ~Impl();
 
   const SockAddr& address() const { return address_; }
+  StoreStats stats() const;
 
  private:
   using Timers = std::multimap<Deadline, uint64_t>;
@@ -91,6 +93,7 @@ class TcpStoreServer::Impl {
   // --- requests ------------------------------------------------------------------------
 
   void handle(Client& c, Request request);
+  void countRequest(const Request& request);
   // What an entry counts against max_data_bytes: its bytes plus a fixed overhead, so that
   // millions of empty keys count too.
   static size_t entryBytes(const std::string& key, const Bytes& value);
@@ -139,6 +142,12 @@ class TcpStoreServer::Impl {
   std::vector<uint64_t> dead_;
   std::optional<Deadline> accept_paused_until_;
   uint64_t next_id_ = kFirstClientId;
+  // Written by the server thread only, read by stats() from any thread.
+  struct Counters {
+    std::atomic<uint64_t> sets{0}, gets{0}, adds{0}, waits{0}, removes{0}, keys_waited{0},
+        bytes_in{0}, bytes_out{0}, connections{0};
+  };
+  Counters counters_;
 
   std::thread thread_;  // last: starts after every member above exists
 };

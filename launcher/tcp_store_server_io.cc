@@ -51,6 +51,7 @@ void TcpStoreServer::Impl::acceptAll() {
       return;
     }
     transport::links::tcp::setNoDelay(fd);
+    counters_.connections.fetch_add(1, std::memory_order_relaxed);
     auto client = std::make_unique<Client>();
     client->id = next_id_++;
     client->fd = Fd(fd);
@@ -192,6 +193,7 @@ void TcpStoreServer::Impl::readFrom(Client& c) {
       return;
     }
     budget -= static_cast<size_t>(n);
+    counters_.bytes_in.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     processFrames(c);
   }
 }
@@ -248,6 +250,7 @@ void TcpStoreServer::Impl::flush(Client& c) {
         ::send(c.fd.get(), c.out.data() + c.out_start, c.out.size() - c.out_start, MSG_NOSIGNAL);
     if (n > 0) {
       c.out_start += static_cast<size_t>(n);
+      counters_.bytes_out.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

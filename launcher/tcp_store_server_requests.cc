@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/logging.h"
 #include "base/memory_store.h"
 #include "launcher/store_protocol.h"
 #include "launcher/tcp_store_server_impl.h"
@@ -45,6 +46,7 @@ void TcpStoreServer::Impl::handle(Client& c, Request request) {
     reply(c, Command::kHello, Response{});
     return;
   }
+  countRequest(request);
   switch (request.command) {
     case Command::kHello:
       throw ProtocolError("HELLO sent twice");
@@ -107,6 +109,49 @@ void TcpStoreServer::Impl::handle(Client& c, Request request) {
       return;
     }
   }
+}
+
+void TcpStoreServer::Impl::countRequest(const Request& request) {
+  auto bump = [](std::atomic<uint64_t>& counter, uint64_t by = 1) {
+    counter.fetch_add(by, std::memory_order_relaxed);
+  };
+  // Each request by key at trace level: which part of a start-up asks what, and how often.
+  RS_LOG_TRACE("store server: {} {}{}", static_cast<int>(request.command),
+               request.keys.empty() ? std::string() : request.keys.front(),
+               request.keys.size() > 1 ? " (+" + std::to_string(request.keys.size() - 1) + ")"
+                                       : std::string());
+  switch (request.command) {
+    case Command::kHello:
+      return;
+    case Command::kSet:
+      return bump(counters_.sets);
+    case Command::kGet:
+      return bump(counters_.gets);
+    case Command::kAdd:
+      return bump(counters_.adds);
+    case Command::kWait:
+      bump(counters_.keys_waited, request.keys.size());
+      return bump(counters_.waits);
+    case Command::kRemove:
+      return bump(counters_.removes);
+  }
+}
+
+StoreStats TcpStoreServer::Impl::stats() const {
+  auto read = [](const std::atomic<uint64_t>& counter) {
+    return counter.load(std::memory_order_relaxed);
+  };
+  StoreStats s;
+  s.sets = read(counters_.sets);
+  s.gets = read(counters_.gets);
+  s.adds = read(counters_.adds);
+  s.waits = read(counters_.waits);
+  s.removes = read(counters_.removes);
+  s.keys_waited = read(counters_.keys_waited);
+  s.bytes_in = read(counters_.bytes_in);
+  s.bytes_out = read(counters_.bytes_out);
+  s.connections = read(counters_.connections);
+  return s;
 }
 
 size_t TcpStoreServer::Impl::entryBytes(const std::string& key, const Bytes& value) {

@@ -106,7 +106,7 @@ std::vector<tcp::Fd> attackStore(const std::string& store_addr) {
   {  // a request before any HELLO
     launcher::Request set;
     set.command = Command::kSet;
-    set.keys = {"railshard/tcp/addr/0"};
+    set.keys = {"railshard/boot/0"};
     set.value = {'e', 'v', 'i', 'l'};
     tcp::Fd fd = connectTo(store_addr);
     sendSome(fd.get(), launcher::encodeRequest(set));
@@ -123,8 +123,9 @@ std::vector<tcp::Fd> attackStore(const std::string& store_addr) {
   return keep;
 }
 
-// Attacks on a rank's data port during start-up.
-std::vector<tcp::Fd> attackDataPort(const std::string& data_addr, int world_size) {
+// Attacks on a rank's start-up port (its listener in the start-up ring, which accepts hellos
+// as the data ports do: tcp::HelloAcceptor).
+std::vector<tcp::Fd> attackStartupPort(const std::string& data_addr, int world_size) {
   std::vector<tcp::Fd> keep;
   const auto size = static_cast<uint32_t>(world_size);
   {  // garbage: bad magic
@@ -149,6 +150,11 @@ std::vector<tcp::Fd> attackDataPort(const std::string& data_addr, int world_size
     tcp::Fd fd = connectTo(data_addr);
     sendSome(fd.get(), dataHello(1000, size, kToken, sizeof(kToken) - 1));
     EXPECT_TRUE(closedByPeer(fd.get(), 10s)) << "rank out of range";
+  }
+  {  // a rank of the job, but not the one this port waits for
+    tcp::Fd fd = connectTo(data_addr);
+    sendSome(fd.get(), dataHello(1, size, kToken, sizeof(kToken) - 1));
+    EXPECT_TRUE(closedByPeer(fd.get(), 10s)) << "not the predecessor";
   }
   {  // half a hello, then close
     tcp::Fd fd = connectTo(data_addr);
@@ -218,14 +224,12 @@ TEST(HostileInput, JobFinishesAndEveryRefusalIsLogged) {
   });
 
   std::vector<tcp::Fd> silent = attackStore(store_addr);
-  // The data ports of ranks 0 and 1 (both accept from rank 3), read from the store as a
+  // Rank 0's port in the start-up ring (it waits there for rank 3), read from the store as a
   // peer would.
   launcher::TcpStore reader(store_addr, kToken, 10s);
-  for (int r = 0; r < 2; ++r) {
-    const std::string addr = reader.getString("railshard/tcp/addr/" + std::to_string(r), 30s);
-    auto more = attackDataPort(addr, kSize);
-    for (auto& fd : more) silent.push_back(std::move(fd));
-  }
+  const std::string addr = reader.getString("railshard/boot/0", 30s);
+  auto more = attackStartupPort(addr, kSize);
+  for (auto& fd : more) silent.push_back(std::move(fd));
   // Silent connections are closed by their HELLO deadline (store: 1 s, ranks: 5 s).
   EXPECT_TRUE(log.waitFor("no HELLO within", 10s));
   EXPECT_TRUE(log.waitFor("no complete hello within", 15s));
@@ -246,9 +250,11 @@ TEST(HostileInput, JobFinishesAndEveryRefusalIsLogged) {
     EXPECT_NE(text.find(reason), std::string::npos) << "store server did not log: " << reason;
   }
   // The ranks' reasons.
-  for (const char* reason : {"refused a data connection from", "bad hello magic", "wrong job token",
-                             "token of 65535 bytes exceeds the limit", "unexpected rank 1000",
-                             "connection closed after 10 byte(s)", "no complete hello within"}) {
+  for (const char* reason :
+       {"refused a start-up ring connection from", "bad hello magic", "wrong job token",
+        "token of 65535 bytes exceeds the limit", "unexpected rank 1000",
+        "rank 1 is not this rank's predecessor in the ring", "connection closed after 10 byte(s)",
+        "no complete hello within"}) {
     EXPECT_NE(text.find(reason), std::string::npos) << "ranks did not log: " << reason;
   }
 }

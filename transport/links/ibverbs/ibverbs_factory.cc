@@ -80,10 +80,9 @@ std::string describeRdma(const std::string& hca_filter, int gid_index) {
   return out.str();
 }
 
-std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
+std::unique_ptr<RdmaPlan> planRdma(bootstrap::Exchange& exchange, const FactoryOptions& options,
                                    messaging::FailureState& failure) {
   if (options.size == 1) return nullptr;
-  const Duration timeout = options.connect_timeout;
   const HcaScan found = scan(options.rdma.hca, options.rdma.gid_index);
   const bool usable = !found.ports.empty();
   for (const auto& skipped : found.skipped) {
@@ -101,17 +100,15 @@ std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
   // Every rank says whether it can use RDMA, where it runs and the link layer of its rails, so
   // that every pair decides the same way on both ends.
   const std::string host = links::shm::hostIdentity();
-  const auto key = [&](int r) { return options.key_prefix + "/ib/avail/" + std::to_string(r); };
-  store.setString(
-      key(options.rank),
+  const std::vector<std::string> published = exchange.allGather(
       (usable ? "1|" : "0|") + host + "|" + (driver ? driver->layers() : "") + "|" + found.why_none,
-      timeout);
+      "rdma availability");
   auto plan = std::make_unique<RdmaPlan>();
   plan->lanes.resize(static_cast<size_t>(options.size));
   int peers = 0;
   std::vector<std::string> layers(static_cast<size_t>(options.size));
   for (int r = 0; r < options.size; ++r) {
-    const std::string value = store.getString(key(r), timeout);
+    const std::string& value = published[static_cast<size_t>(r)];
     const auto bar1 = value.find('|');
     const auto bar2 = value.find('|', bar1 + 1);
     const auto bar3 = value.find('|', bar2 + 1);

@@ -6,7 +6,7 @@
 
 #include "base/clock.h"
 #include "base/config.h"
-#include "base/store.h"
+#include "transport/bootstrap/exchange.h"
 #include "transport/links/driver.h"
 #include "transport/links/link.h"
 #include "transport/messaging/failure_state.h"
@@ -23,7 +23,6 @@ enum class Mode : uint8_t {
 struct FactoryOptions {
   int rank = 0;
   int size = 1;
-  std::string key_prefix;
   Duration connect_timeout = std::chrono::seconds(60);
   Mode mode = Mode::kAuto;
   // The devices, slots, rendezvous and re-admission. rendezvous_auto: not on software devices
@@ -55,11 +54,11 @@ std::string unavailableReason(const std::string& hca_filter = "");
 // and whether RDMA would be used. Never throws.
 std::string describeRdma(const std::string& hca_filter = "", int gid_index = -1);
 
-// Decides, with every rank (a store exchange), which pairs use RDMA: kAuto between ranks on
+// Decides, with every rank (one start-up exchange), which pairs use RDMA: kAuto between ranks on
 // different hosts that both have a usable port, kForced every pair (ConfigError naming what is
 // missing on which rank otherwise). Null when no pair of this rank's does. `failure`: the
 // group's, which the driver's thread reports into.
-std::unique_ptr<RdmaPlan> planRdma(Store& store, const FactoryOptions& options,
+std::unique_ptr<RdmaPlan> planRdma(bootstrap::Exchange& exchange, const FactoryOptions& options,
                                    messaging::FailureState& failure);
 
 }  // namespace railshard::transport::links::ibverbs

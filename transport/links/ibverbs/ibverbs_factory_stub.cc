@@ -22,7 +22,7 @@ std::string describeRdma(const std::string&, int) {
   return std::string("RDMA: unavailable: ") + kWhy + "\n";
 }
 
-std::unique_ptr<RdmaPlan> planRdma(Store&, const FactoryOptions& options,
+std::unique_ptr<RdmaPlan> planRdma(bootstrap::Exchange&, const FactoryOptions& options,
                                    messaging::FailureState&) {
   if (options.mode == Mode::kForced && options.size > 1) {
     throw ConfigError(std::string("RAILSHARD_TRANSPORT=ibverbs, but ") + kWhy);

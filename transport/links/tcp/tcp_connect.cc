@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "transport/links/tcp/hello.h"
+#include "transport/links/tcp/hello_acceptor.h"
 
 namespace railshard::transport::links::tcp {
 
@@ -27,28 +28,11 @@ std::string ipOf(const std::string& host_port) {
   return splitHostPort(host_port, "listener address").first;
 }
 
-// A silent or slow client must not hold start-up for long.
-constexpr auto kHelloTimeout = std::chrono::seconds(5);
-// Connections accepted during start-up whose hello is still incomplete. Beyond this many the
-// oldest is closed: a peer that opens connections and never speaks cannot exhaust this
-// process's descriptors, and the real ranks (which send their hello at once) still get in.
-constexpr size_t kMaxPendingHellos = 64;
 constexpr size_t kMaxChannelsPerPeer = 256;
-
-// A connection accepted during start-up, its hello not yet complete. The hellos of all
-// pending connections are read side by side, so one silent or slow connection delays
-// nobody else's.
-struct PendingHello {
-  Fd fd;
-  std::string from;
-  Deadline deadline;
-  std::vector<uint8_t> bytes;   // received so far
-  size_t want = sizeof(Hello);  // the whole hello once its fixed part is known
-};
 
 }  // namespace
 
-Connections connectPeers(Store& store, const ConnectOptions& options) {
+Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options) {
   Connections result;
   result.by_peer.resize(static_cast<size_t>(options.size));
   result.address.resize(static_cast<size_t>(options.size));
@@ -68,7 +52,8 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
     if (rail_index >= 0 && static_cast<size_t>(rail_index) < rails.size()) {
       const int sockets = options.sockets_per_rail;
       const RailSpec& rail = rails[static_cast<size_t>(rail_index)];
-      c.name = rail.name + (sockets > 1 ? "#" + std::to_string(index % sockets) : "");
+      c.name = rail.name;
+      if (sockets > 1) c.name += '#' + std::to_string(index % sockets);
       c.local = rail.local_address;
       c.remote = rail.remote_address;
       c.gbps = rail.gbps / sockets;
@@ -109,14 +94,13 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
       continue;
     }
     usable_ips.insert(ip);
-    rail_listeners +=
-        (rail_listeners.empty() ? "" : " ") + localAddress(rail_listener->fd.get()).toString();
+    if (!rail_listeners.empty()) rail_listeners += ' ';
+    rail_listeners += localAddress(rail_listener->fd.get()).toString();
     listeners.push_back(std::move(rail_listener));
   }
-  auto keyOf = [&](int r) { return options.key_prefix + "/tcp/addr/" + std::to_string(r); };
-  auto railsKeyOf = [&](int r) { return options.key_prefix + "/tcp/rails/" + std::to_string(r); };
-  store.setString(keyOf(rank), my_address, options.connect_timeout);
-  store.setString(railsKeyOf(rank), rail_listeners, options.connect_timeout);
+  // Every rank's listeners, from the start-up exchange: "address" or "address rail rail...".
+  const std::vector<std::string> published = exchange.allGather(
+      rail_listeners.empty() ? my_address : my_address + " " + rail_listeners, "tcp listeners");
   RS_LOG_DEBUG("rank {}: tcp transport listening on {} (rails: {})", rank, my_address,
                rail_listeners.empty() ? "none" : rail_listeners);
 
@@ -125,16 +109,14 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
   // their own connects finish, and rank 0 connects to nobody, so this cannot deadlock.
   for (int r = 0; r < rank; ++r) {
     if (!wanted(r)) continue;
-    auto left = [&] { return std::max<Duration>(Duration(0), deadline - Clock::now()); };
-    const std::string address = store.getString(keyOf(r), left());
+    std::istringstream in(published[static_cast<size_t>(r)]);
+    std::string address;
+    in >> address;
     const auto& rails = static_cast<size_t>(r) < options.peer_rails.size()
                             ? options.peer_rails[static_cast<size_t>(r)]
                             : std::vector<RailSpec>{};
     std::vector<std::string> their_rails;
-    if (!rails.empty()) {
-      std::istringstream in(store.getString(railsKeyOf(r), left()));
-      for (std::string one; in >> one;) their_rails.push_back(one);
-    }
+    for (std::string one; in >> one;) their_rails.push_back(one);
     // Rails both ends can use: our address is here and the peer listens on its own.
     std::vector<std::pair<int, std::string>> usable;  // rail index, peer's listener
     for (size_t i = 0; i < rails.size(); ++i) {
@@ -240,28 +222,13 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
     }
     return "";
   };
-  auto refuse = [&](const PendingHello& p, const std::string& reason) {
-    RS_LOG_WARN("rank {}: refused a data connection from {}: {}", rank, p.from, reason);
-  };
-  // Takes a connection whose hello has arrived in full, or refuses it (closing it).
-  auto admit = [&](PendingHello& p) {
-    ReceivedHello received;
-    std::string reason;
-    try {
-      received = parseHello(p.bytes);
-      reason = refusal(received, p.fd.get());
-    } catch (const Error& e) {
-      reason = e.what();
-    }
-    if (!reason.empty()) {
-      refuse(p, reason);
-      return;
-    }
+  // Takes a connection whose hello was acceptable: replies, and files it under its rank.
+  auto admit = [&](Fd fd, const ReceivedHello& received, const std::string& from) -> std::string {
     const Hello& hello = received.hello;
     int rail_index = -1;
     const auto& rails = hello.rank < options.peer_rails.size() ? options.peer_rails[hello.rank]
                                                                : std::vector<RailSpec>{};
-    const std::string local_ip = ipOf(localAddress(p.fd.get()).toString());
+    const std::string local_ip = ipOf(localAddress(fd.get()).toString());
     for (size_t i = 0; i < rails.size(); ++i) {
       if (rails[i].local_address == local_ip) rail_index = static_cast<int>(i);
     }
@@ -271,117 +238,27 @@ Connections connectPeers(Store& store, const ConnectOptions& options) {
     ack.channel = hello.channel;
     ack.channels = hello.channels;
     try {
-      sendAll(p.fd.get(), &ack, sizeof(ack), std::min(deadline, p.deadline),
-              "hello reply to " + p.from);
+      sendAll(fd.get(), &ack, sizeof(ack),
+              std::min(deadline, deadlineAfter(HelloAcceptor::kHelloTimeout)),
+              "hello reply to " + from);
     } catch (const Error& e) {
       // Gone right after its hello: a real rank would retry; nothing to keep.
-      refuse(p, e.what());
-      return;
+      return e.what();
     }
-    add(static_cast<int>(hello.rank), hello.channel, hello.channels, rail_index, std::move(p.fd),
-        p.from);
+    add(static_cast<int>(hello.rank), hello.channel, hello.channels, rail_index, std::move(fd),
+        from);
+    return "";
   };
-  // Reads what has arrived of a pending hello; true when the connection is finished with
-  // (admitted, refused or gone).
-  auto readHello = [&](PendingHello& p) -> bool {
-    while (p.bytes.size() < p.want) {
-      const size_t got = p.bytes.size();
-      p.bytes.resize(p.want);
-      const ssize_t n = ::recv(p.fd.get(), p.bytes.data() + got, p.want - got, MSG_DONTWAIT);
-      p.bytes.resize(got + (n > 0 ? static_cast<size_t>(n) : 0));
-      if (n == 0) {
-        refuse(p, "connection closed after " + std::to_string(got) + " byte(s) of its " +
-                      (got < sizeof(Hello) ? std::to_string(sizeof(Hello)) + "-byte hello"
-                                           : std::to_string(p.want) + "-byte hello and token"));
-        return true;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-        refuse(p, "receive failed: " + errnoText(errno));
-        return true;
-      }
-      if (p.bytes.size() == sizeof(Hello)) {
-        try {
-          p.want = helloSize(p.bytes);
-        } catch (const ProtocolError& e) {
-          refuse(p, e.what());
-          return true;
+  std::vector<int> listen_fds;
+  for (const auto& l : listeners) listen_fds.push_back(l->fd.get());
+  HelloAcceptor("rank " + std::to_string(rank), "data connection")
+      .run(listen_fds, deadline, options.connect_timeout, allComplete, refusal, admit, [&] {
+        std::string missing;
+        for (int r = rank + 1; r < size; ++r) {
+          if (!complete(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         }
-      }
-    }
-    admit(p);
-    return true;
-  };
-
-  std::vector<PendingHello> pending;
-  while (!allComplete()) {
-    const Deadline now = Clock::now();
-    if (now >= deadline) {
-      std::string missing;
-      for (int r = rank + 1; r < size; ++r) {
-        if (!complete(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw TimeoutError(
-          "rank " + std::to_string(rank) + ": rank(s) " + missing + " did not connect within " +
-          std::to_string(std::chrono::duration<double>(options.connect_timeout).count()) + " s");
-    }
-    // Silent connections past their hello deadline go first.
-    std::erase_if(pending, [&](const PendingHello& p) {
-      if (p.deadline > now) return false;
-      refuse(p,
-             "no complete hello within " +
-                 std::to_string(
-                     std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()) +
-                 " ms (" + std::to_string(p.bytes.size()) + " byte(s) received)");
-      return true;
-    });
-    Deadline wake = std::min(deadline, now + std::chrono::seconds(1));
-    for (const auto& p : pending) wake = std::min(wake, p.deadline);
-    std::vector<pollfd> polled;
-    for (const auto& l : listeners) polled.push_back({l->fd.get(), POLLIN, 0});
-    for (const auto& p : pending) polled.push_back({p.fd.get(), POLLIN, 0});
-    const auto wait_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
-    const int n = ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
-    if (n < 0 && errno != EINTR) {
-      throw Error("rank " + std::to_string(rank) + ": poll: " + errnoText(errno));
-    }
-    if (n <= 0) continue;
-    // Pending connections first (their indices shift once new ones are appended).
-    const size_t listener_count = listeners.size();
-    std::vector<bool> done(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (polled[listener_count + i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        done[i] = readHello(pending[i]);
-      }
-    }
-    size_t index = 0;
-    std::erase_if(pending, [&](const PendingHello&) { return done[index++]; });
-    for (size_t i = 0; i < listener_count; ++i) {
-      if (!(polled[i].revents & POLLIN)) continue;
-      const int fd = ::accept4(polled[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;  // gone already, or out of descriptors: the next round retries
-      // As on the connecting side: with Nagle on, a small message sent while the previous
-      // one is unacknowledged waits for the peer's delayed ACK (~40 ms).
-      setNoDelay(fd);
-      PendingHello p;
-      p.fd = Fd(fd);
-      try {
-        p.from = peerAddress(fd).toString();
-      } catch (const Error&) {
-        continue;  // reset before we got to it
-      }
-      p.deadline = std::min(deadline, deadlineAfter(kHelloTimeout));
-      if (pending.size() >= kMaxPendingHellos) {
-        refuse(pending.front(), "more than " + std::to_string(kMaxPendingHellos) +
-                                    " connections without a complete hello; closing the oldest");
-        pending.erase(pending.begin());
-      }
-      // Real ranks send their hello right after connecting: it is usually here already.
-      if (!readHello(p)) pending.push_back(std::move(p));
-    }
-  }
+        return "rank(s) " + missing + " did not connect";
+      });
 
   bool several = false;
   for (int r = 0; r < size; ++r) {

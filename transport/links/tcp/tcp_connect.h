@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "base/store.h"
+#include "transport/bootstrap/exchange.h"
 #include "transport/links/tcp/socket.h"
 #include "transport/links/tcp/tcp_driver.h"
 
@@ -25,7 +25,7 @@ struct ConnectOptions {
   int size = 1;
   std::string token;           // job token demanded in every hello
   std::string advertise_host;  // address peers connect to (IPv4/IPv6 literal or name)
-  std::string key_prefix;      // store namespace of this group
+  std::string key_prefix;      // store namespace of this group (connectMesh's start-up ring)
   Duration connect_timeout = std::chrono::seconds(60);
   // Rails to each peer, by rank (missing or empty: one connection to the peer's advertised
   // address). Both ranks of a pair must list the same rails.
@@ -53,10 +53,11 @@ struct Connections {
   std::vector<std::unique_ptr<Listener>> listeners;
 };
 
-// Listens, publishes the address through `store`, connects to every lower rank and accepts
-// every higher one (on each rail both ends can use, `sockets_per_rail` sockets each; else one
-// connection to the advertised address). TimeoutError names the ranks that never showed up;
-// every refused connection (a stranger, a wrong token, a silent client) is logged with why.
-Connections connectPeers(Store& store, const ConnectOptions& options);
+// Listens, tells every rank the addresses through `exchange` (no store request), connects to every
+// lower rank and accepts every higher one (on each rail both ends can use, `sockets_per_rail`
+// sockets each; else one connection to the advertised address). TimeoutError names the ranks that
+// never showed up; every refused connection (a stranger, a wrong token, a silent client) is logged
+// with why.
+Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options);
 
 }  // namespace railshard::transport::links::tcp

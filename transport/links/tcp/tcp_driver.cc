@@ -129,6 +129,14 @@ void TcpDriver::pauseForTesting(bool paused) {
   while (paused && !parked_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+std::vector<std::string> TcpDriver::listening() const {
+  std::vector<std::string> addresses;
+  for (const auto& listener : listeners_) {
+    addresses.push_back(localAddress(listener->fd.get()).toString());
+  }
+  return addresses;
+}
+
 void TcpDriver::breakForTesting(int peer, int channel) {
   for (TcpLink* link : links_) {
     if (link->peer() != peer || link->channel() != channel) continue;

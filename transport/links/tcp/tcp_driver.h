@@ -52,6 +52,8 @@ class TcpDriver final : public Driver {
   messaging::FailureState& failure() const { return *options_.failure; }
   // The reader saw the group's failure: no user memory is written from now on.
   void readerQuiesced() { quiesced_.store(true); }
+  // Where it accepts re-dialled links ("127.0.0.2:40123"), the default listener's first.
+  std::vector<std::string> listening() const;
   // Tests: the link `channel` to `peer` breaks as a failing NIC would.
   void breakForTesting(int peer, int channel);
   // Tests: while paused the driver's thread neither reads nor writes (returns once it stopped).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "transport/bootstrap/ring_exchange.h"
+
 namespace railshard::transport::links::tcp {
 
 namespace {
@@ -53,7 +55,15 @@ std::unique_ptr<messaging::Mesh> connectMesh(Store& store, const MeshOptions& op
   auto mesh = std::make_unique<messaging::Mesh>(connect.rank, connect.size, options.formatter);
   mesh->setWaitPlan(options.wait);
   if (connect.size < 2) return mesh;
-  Connections connections = connectPeers(store, connect);
+  bootstrap::RingOptions ring;
+  ring.rank = connect.rank;
+  ring.size = connect.size;
+  ring.token = connect.token;
+  ring.advertise_host = connect.advertise_host;
+  ring.key_prefix = connect.key_prefix;
+  ring.timeout = connect.connect_timeout;
+  bootstrap::RingExchange exchange(store, ring);
+  Connections connections = connectPeers(exchange, connect);
   TcpDriver::Options driver_options;
   driver_options.rank = connect.rank;
   driver_options.size = connect.size;
