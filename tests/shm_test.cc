@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +62,42 @@ TEST(ShmSegment, AttachSeesTheCreatorsMemoryAndUnlinkRemovesTheName) {
   attached->outSlot(1, 0)[5] = 7;  // still mapped after the unlink
   EXPECT_EQ(created->outSlot(1, 0)[5], 7);
   EXPECT_THROW(ShmSegment::attach(name, 3, 4096), Error);
+}
+
+// Bytes of /dev/shm the segment `name` holds (its allocated blocks, not its size).
+size_t heldBytes(const std::string& name) {
+  struct stat info {};
+  if (::stat(("/dev/shm/" + name).c_str(), &info) != 0) return 0;
+  return static_cast<size_t>(info.st_blocks) * 512;
+}
+
+TEST(ShmSegment, MessageEntriesAreReservedPerPairWhenItFirstSends) {
+  // 128 ranks: n^2 x 4 entries of 64 KiB would be 4 GiB. Only the controls and the slots are
+  // reserved at creation; a pair's entries (both directions) when it first sends.
+  constexpr int kRanks = 128;
+  constexpr size_t kSlot = 64 << 10;
+  const std::string name = ShmSegment::makeName();
+  auto created = ShmSegment::create(name, kRanks, kSlot);
+  auto attached = ShmSegment::attach(name, kRanks, kSlot);
+  const size_t slots = size_t{kRanks} * 4 * kSlot;
+  const size_t at_start = heldBytes(name);
+  EXPECT_GE(at_start, slots);
+  EXPECT_LT(at_start, slots + (size_t{1} << 20)) << "more than the controls and slots held";
+  EXPECT_FALSE(created->pairReady(3, 7));
+  EXPECT_EQ(attached->reservePair(7, 3), "");
+  EXPECT_TRUE(created->pairReady(3, 7));  // the peer's mapping sees it
+  EXPECT_TRUE(attached->pairReady(7, 3));
+  EXPECT_FALSE(created->pairReady(3, 8));
+  const size_t pair = 2 * kMailEntries * sizeof(MailEntry);
+  EXPECT_GE(heldBytes(name) - at_start, pair);
+  EXPECT_LE(heldBytes(name) - at_start, pair + 2 * 4096);
+  // Reserving again (the other rank of the pair, racing) holds nothing more.
+  const size_t once = heldBytes(name);
+  EXPECT_EQ(created->reservePair(3, 7), "");
+  EXPECT_EQ(heldBytes(name), once);
+  // A message written into the pair's entries arrives through the other mapping.
+  created->mail(3, 7, 0).payload[100] = 0x5a;
+  EXPECT_EQ(attached->mail(3, 7, 0).payload[100], 0x5a);
 }
 
 TEST(ShmSegment, WrongGeometryIsRefused) {

@@ -78,8 +78,22 @@ bool ShmChannel::entryFree() const {
   return FutexWord::reached(entry.taken.load(), mark(sent_ - kMailEntries));
 }
 
+bool ShmChannel::reserved() {
+  if (reserved_) return true;
+  if (!segment_.pairReady(local_, peer_)) {
+    std::string why = segment_.reservePair(local_, peer_);
+    if (!why.empty()) {
+      if (failure_.empty()) failure_ = std::move(why);
+      return false;
+    }
+  }
+  reserved_ = true;
+  return true;
+}
+
 bool ShmChannel::canPost() const {
-  const bool room = !shut_ && failure_.empty() && controls_.empty() && entryFree();
+  const bool room = !shut_ && failure_.empty() && controls_.empty() &&
+                    const_cast<ShmChannel*>(this)->reserved() && entryFree();
   if (!room) const_cast<ShmChannel*>(this)->full_ = true;
   return room;
 }
@@ -99,7 +113,7 @@ bool ShmChannel::post(const messaging::OutFramePtr& frame) {
 }
 
 void ShmChannel::postControl(const messaging::FrameHeader& header, const std::string& payload) {
-  if (shut_) return;
+  if (shut_ || !reserved()) return;  // not reserved: failure_ says why, the next poll reports
   if (controls_.empty() && entryFree()) {
     write(header, reinterpret_cast<const uint8_t*>(payload.data()));
     return;
@@ -153,8 +167,10 @@ void ShmChannel::checkPeer() {
 void ShmChannel::poll() {
   if (shut_) return;
   messaging::Messenger& m = messenger();
+  // Until the pair's entries exist nothing has come, and they must not be touched.
+  if (!reserved_ && segment_.pairReady(local_, peer_)) reserved_ = true;
   // Frames the peer wrote into this rank's entries, in order.
-  while (!shut_) {
+  while (!shut_ && reserved_) {
     MailEntry& entry = incoming(received_);
     if (!FutexWord::reached(entry.posted.load(), mark(received_))) break;
     const messaging::FrameHeader header = entry.header;
@@ -180,7 +196,7 @@ void ShmChannel::poll() {
     controls_.pop_front();
     write(control.header, reinterpret_cast<const uint8_t*>(control.payload.data()));
   }
-  if (full_ && controls_.empty() && entryFree() && !shut_) {
+  if (full_ && reserved_ && controls_.empty() && entryFree() && !shut_) {
     full_ = false;
     m.roomLocked(index());
   }

@@ -55,6 +55,9 @@ class ShmChannel final : public Link {
   MailEntry& outgoing(uint64_t number) { return segment_.mail(local_, peer_, number); }
   MailEntry& incoming(uint64_t number) { return segment_.mail(peer_, local_, number); }
   bool entryFree() const;
+  // The pair's entries reserved (by this rank or the peer) before this rank touches them;
+  // false (failure_ says why) when /dev/shm has no room for them.
+  bool reserved();
   void write(const messaging::FrameHeader& header, const uint8_t* payload);
   void ring(int local);
   void checkPeer();
@@ -67,6 +70,7 @@ class ShmChannel final : public Link {
   uint64_t received_ = 0;  // frames taken out of ours
   bool full_ = false;      // said no to a frame since its last room
   bool shut_ = false;
+  bool reserved_ = false;         // the pair's entries exist: see ShmSegment::pairReady
   std::string failure_;           // found outside poll(): reported by the next one
   std::deque<Control> controls_;  // waiting for a free entry
   Clock::time_point next_check_{};

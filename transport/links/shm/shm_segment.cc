@@ -20,7 +20,7 @@ namespace railshard::transport::links::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x5253484d53454731ULL;  // "RSHMSEG1"
-constexpr uint32_t kVersion = 4;  // 2: abort_claimed; 3: message entries; 4: frames in them
+constexpr uint32_t kVersion = 5;  // 3: message entries; 4: frames in them; 5: reserved per pair
 constexpr size_t kPage = 4096;
 
 // std::string("/") + name, spelled so that GCC 12 does not raise a false -Wrestrict.
@@ -42,10 +42,15 @@ std::string errnoText() {
 
 }  // namespace
 
-size_t ShmSegment::totalBytes(int world_size, size_t slot_bytes) {
-  const size_t control = roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * world_size, kPage);
+size_t ShmSegment::controlBytes(int world_size) {
   const auto n = static_cast<size_t>(world_size);
-  return control + n * 4 * roundUp(slot_bytes, kPage) + n * n * kMailEntries * sizeof(MailEntry);
+  return roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * n + n * n, kPage);
+}
+
+size_t ShmSegment::totalBytes(int world_size, size_t slot_bytes) {
+  const auto n = static_cast<size_t>(world_size);
+  return controlBytes(world_size) + n * 4 * roundUp(slot_bytes, kPage) +
+         n * n * kMailEntries * sizeof(MailEntry);
 }
 
 size_t chooseSlotBytes(size_t requested, int world_size) {
@@ -55,11 +60,9 @@ size_t chooseSlotBytes(size_t requested, int world_size) {
   if (slot == 0) slot = size_t{1} << 20;
   struct statvfs info {};
   if (::statvfs("/dev/shm", &info) != 0) return slot;  // let create() report the problem
-  // The message entries take their share first (n^2 x 4 x 64 KiB: 16.8 MiB for 8 ranks).
-  const auto n = static_cast<size_t>(world_size);
-  const size_t mail = n * n * kMailEntries * sizeof(MailEntry);
+  // The message entries are reserved per pair when it first sends (512 KiB a pair), not here.
   const size_t available = static_cast<size_t>(info.f_bavail) * info.f_frsize;
-  const size_t free_bytes = available > mail ? available - mail : 0;
+  const size_t free_bytes = available;
   const size_t per_slot_total = static_cast<size_t>(world_size) * 4;
   while (slot > (size_t{64} << 10) && per_slot_total * slot > free_bytes / 2) slot /= 2;
   if (per_slot_total * slot > free_bytes) {
@@ -78,14 +81,32 @@ ShmSegment::ShmSegment(std::string name, int world_size, size_t slot_bytes, void
       bytes_(bytes) {
   header_ = static_cast<SegmentHeader*>(base_);
   controls_ = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(base_) + sizeof(SegmentHeader));
-  data_ = static_cast<uint8_t*>(base_) +
-          roundUp(sizeof(SegmentHeader) + sizeof(RankControl) * world_size, kPage);
+  pair_ready_ = reinterpret_cast<std::atomic<uint8_t>*>(controls_ + world_size);
+  data_ = static_cast<uint8_t*>(base_) + controlBytes(world_size);
   mail_ = reinterpret_cast<MailEntry*>(data_ + static_cast<size_t>(world_size) * 4 * slot_bytes_);
 }
 
 ShmSegment::~ShmSegment() {
   if (linked_) unlink();
   ::munmap(base_, bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string ShmSegment::reservePair(int a, int b) {
+  if (pairReady(a, b)) return {};
+  const size_t bytes = kMailEntries * sizeof(MailEntry);
+  for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+    const auto offset =
+        reinterpret_cast<uint8_t*>(&mail(from, to, 0)) - static_cast<uint8_t*>(base_);
+    const int rc = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+    if (rc != 0) {
+      return "cannot reserve the " + std::to_string(2 * bytes >> 10) +
+             " KiB of message entries between local ranks " + std::to_string(a) + " and " +
+             std::to_string(b) + " in /dev/shm: " + std::strerror(rc);
+    }
+  }
+  pair_ready_[pairIndex(a, b)].store(1, std::memory_order_release);
+  return {};
 }
 
 uint8_t* ShmSegment::slot(int rank, uint32_t index) {
@@ -115,8 +136,11 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
                 " bytes (is /dev/shm big enough?): " + reason);
   }
   // Reserve the pages now: tmpfs allocates lazily, and running out later would be a SIGBUS
-  // in the middle of a collective instead of an error here.
-  const int reserve = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  // in the middle of a collective instead of an error here. The message entries are left
+  // out: each pair's are reserved when it first sends (reservePair).
+  const size_t eager =
+      controlBytes(world_size) + static_cast<size_t>(world_size) * 4 * roundUp(slot_bytes, kPage);
+  const int reserve = ::posix_fallocate(fd, 0, static_cast<off_t>(eager));
   if (reserve != 0) {
     ::close(fd);
     ::shm_unlink(path.c_str());
@@ -124,12 +148,13 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
                 " MiB in /dev/shm: " + std::strerror(reserve));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
   if (base == MAP_FAILED) {
+    ::close(fd);
     ::shm_unlink(path.c_str());
     throw Error("shared memory: mmap of " + path + ": " + errnoText());
   }
   std::unique_ptr<ShmSegment> segment(new ShmSegment(name, world_size, slot_bytes, base, bytes));
+  segment->fd_ = fd;
   segment->linked_ = true;
   // Fresh pages are zero; construct the atomics in place explicitly anyway.
   auto* header = new (base) SegmentHeader();
@@ -137,9 +162,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
   header->world_size = static_cast<uint32_t>(world_size);
   header->slot_bytes = segment->slot_bytes_;
   for (int r = 0; r < world_size; ++r) new (&segment->controls_[r]) RankControl();
-  const auto entries =
-      static_cast<size_t>(world_size) * static_cast<size_t>(world_size) * kMailEntries;
-  for (size_t i = 0; i < entries; ++i) new (&segment->mail_[i]) MailEntry();
+  // The pairs' flags and entries are left as the zero pages they are: constructing every
+  // entry here would touch (and so allocate) a page of each.
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
   return segment;
@@ -159,9 +183,12 @@ std::unique_ptr<ShmSegment> ShmSegment::attach(const std::string& name, int worl
                 " (ranks disagree on world size or RAILSHARD_SHM_SLOT_BYTES?)");
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) throw Error("shared memory: mmap of " + path + ": " + errnoText());
+  if (base == MAP_FAILED) {
+    ::close(fd);
+    throw Error("shared memory: mmap of " + path + ": " + errnoText());
+  }
   std::unique_ptr<ShmSegment> segment(new ShmSegment(name, world_size, slot_bytes, base, bytes));
+  segment->fd_ = fd;
   const auto& header = segment->header();
   if (header.magic != kMagic || header.version != kVersion ||
       header.world_size != static_cast<uint32_t>(world_size)) {

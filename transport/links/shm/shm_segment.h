@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -81,7 +82,10 @@ struct alignas(128) SegmentHeader {
 
 // One POSIX shared-memory segment per job on one host: a control block per rank, per rank
 // two in-slots and two out-slots (step parity) of slot_bytes each, and the message entries of
-// every ordered pair. Rank 0 creates it,
+// every ordered pair — reserved in /dev/shm only once the pair sends a message (n^2 x 4 x
+// 64 KiB is 4 GiB at 128 ranks, 16 GiB at 256: reserving and zeroing all of it at start-up
+// made a one-host start-up grow faster than n^2, and past /dev/shm's size it failed). Rank 0
+// creates it,
 // the others attach, and rank 0 unlinks the name as soon as everyone is attached, so nothing
 // is left in /dev/shm even if the job is killed later; a job killed during start-up leaves a
 // name with a dead creator pid, which the next creator removes (removeStale).
@@ -106,6 +110,15 @@ class ShmSegment {
   RankControl& control(int rank) { return controls_[rank]; }
   uint8_t* inSlot(int rank, uint32_t step) { return slot(rank, step & 1u); }
   uint8_t* outSlot(int rank, uint32_t step) { return slot(rank, 2 + (step & 1u)); }
+  // Whether the message entries between local ranks a and b are reserved in /dev/shm; nothing
+  // may touch them before (a touched hole takes a page, and with /dev/shm full that is a
+  // SIGBUS rather than an error).
+  bool pairReady(int a, int b) const {
+    return pair_ready_[pairIndex(a, b)].load(std::memory_order_acquire) != 0;
+  }
+  // Reserves both directions' entries of the pair and marks it ready: empty, or why not (no
+  // room in /dev/shm). Either rank of the pair may call it, both at once too.
+  std::string reservePair(int a, int b);
   // The entry that carries message `number` from local rank `from` to local rank `to`.
   MailEntry& mail(int from, int to, uint64_t number) {
     return mail_[(static_cast<size_t>(from) * static_cast<size_t>(world_size_) +
@@ -120,16 +133,25 @@ class ShmSegment {
  private:
   ShmSegment(std::string name, int world_size, size_t slot_bytes, void* base, size_t bytes);
   static size_t totalBytes(int world_size, size_t slot_bytes);
+  // The header, the controls and the pairs' flags: what precedes the slots.
+  static size_t controlBytes(int world_size);
   uint8_t* slot(int rank, uint32_t index);
+  size_t pairIndex(int a, int b) const {
+    const auto low = static_cast<size_t>(std::min(a, b));
+    const auto high = static_cast<size_t>(std::max(a, b));
+    return low * static_cast<size_t>(world_size_) + high;
+  }
 
   std::string name_;
   int world_size_;
   size_t slot_bytes_;
   void* base_;
   size_t bytes_;
+  int fd_ = -1;  // kept open: the pairs' entries are reserved through it
   bool linked_ = false;
   SegmentHeader* header_;
   RankControl* controls_;
+  std::atomic<uint8_t>* pair_ready_;  // n x n, indexed by pairIndex()
   uint8_t* data_;
   MailEntry* mail_;
 };
