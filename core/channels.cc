@@ -84,10 +84,25 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
     ring.advertise_host = options.advertise_host;
     ring.key_prefix = options.key_prefix;
     ring.timeout = std::chrono::duration_cast<Duration>(options.config->connect_timeout);
+    // Each step's time at debug level: where a large start-up spends it.
+    Clock::time_point mark = Clock::now();
+    auto lap = [&mark] {
+      const Clock::time_point now = Clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(now - mark).count();
+      mark = now;
+      return ms;
+    };
     transport::bootstrap::RingExchange exchange(store, ring);
+    const double ring_ms = lap();
     transport::links::tcp::Connections sockets = channels->connectSockets(exchange);
+    const double sockets_ms = lap();
     channels->setUpHost(store, exchange);
+    const double host_ms = lap();
     channels->connectLinks(exchange, std::move(sockets));
+    RS_LOG_DEBUG(
+        "rank {}: channels up: start-up ring {:.1f} ms, sockets {:.1f} ms, host set-up {:.1f} ms, "
+        "links {:.1f} ms",
+        options.rank, ring_ms, sockets_ms, host_ms, lap());
     channels->joinErrorStates();
   }
   return channels;

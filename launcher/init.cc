@@ -100,8 +100,11 @@ std::unique_ptr<Communicator> launcher::formCommunicator(std::shared_ptr<Store> 
   topology.rank = rank;
   topology.size = size;
   topology.config = config;
+  const Clock::time_point start = Clock::now();
   options.topology =
       std::make_shared<const topology::Topology>(buildClusterTopology(*store, topology));
+  RS_LOG_DEBUG("rank {}: cluster topology agreed in {:.1f} ms", rank,
+               std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   options.extend_topology = graphExtender(config);
   return Communicator::create(*store, options);
 }

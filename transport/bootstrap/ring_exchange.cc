@@ -84,7 +84,13 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
   const std::string expected_token = options_.token.substr(0, tcp::kMaxToken);
   tcp::HelloAcceptor("rank " + std::to_string(rank), "start-up ring connection")
       .run(
-          {listener.get()}, deadline, options_.timeout, [&] { return prev_.valid(); },
+          {listener.get()}, deadline, options_.timeout,
+          [&] {
+            // The successor closing the connection, before its reply, refused this rank's
+            // hello (it logs why): say so now rather than wait out the deadline.
+            if (refusedByNext()) throw PeerLostError(refusedText(to));
+            return prev_.valid();
+          },
           [&](const tcp::ReceivedHello& received, int) {
             // -1: any rank of the group passes checkHello's rank test; the ring wants one.
             std::string reason =
@@ -95,7 +101,15 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
             }
             return reason;
           },
-          [&](tcp::Fd fd, const tcp::ReceivedHello&, const std::string&) {
+          [&](tcp::Fd fd, const tcp::ReceivedHello&, const std::string& from) {
+            tcp::Hello reply;
+            reply.rank = static_cast<uint32_t>(rank);
+            reply.world_size = static_cast<uint32_t>(options_.size);
+            try {
+              tcp::sendAll(fd.get(), &reply, sizeof(reply), deadline, "ring reply to " + from);
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
             prev_ = std::move(fd);
             return std::string();
           },
@@ -103,8 +117,29 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
             return "rank " + std::to_string(prev_rank_) +
                    " (its predecessor in the start-up ring) did not connect";
           });
+  // The successor's reply: it took this rank's hello.
+  tcp::Hello reply;
+  try {
+    tcp::recvAll(next_.get(), &reply, sizeof(reply), deadline, to);
+  } catch (const PeerLostError&) {
+    throw PeerLostError(refusedText(to));
+  }
+  if (reply.magic != tcp::kHelloMagic || static_cast<int>(reply.rank) != next_rank_) {
+    throw ProtocolError(to + ": unexpected reply to its hello");
+  }
   tcp::setNonBlocking(next_.get(), true);
   tcp::setNonBlocking(prev_.get(), true);
+}
+
+bool RingExchange::refusedByNext() const {
+  char byte = 0;
+  const ssize_t n = ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+std::string RingExchange::refusedText(const std::string& what) const {
+  return what + ": rank " + std::to_string(next_rank_) +
+         " refused the connection (a different RAILSHARD_TOKEN or world size? its log says why)";
 }
 
 std::string RingExchange::describeStep(const std::string& what) const {

@@ -40,6 +40,9 @@ class RingExchange final : public Exchange {
   std::string step(const std::string& out, uint32_t origin_out, uint32_t origin_in, uint32_t call,
                    uint64_t what_hash, const std::string& what, Deadline deadline);
   std::string describeStep(const std::string& what) const;
+  // Set-up: whether the next rank closed the connection (refused this rank's hello).
+  bool refusedByNext() const;
+  std::string refusedText(const std::string& what) const;
 
   RingOptions options_;
   int next_rank_ = 0;
