@@ -8,7 +8,6 @@
 #include "core/collective_tag.h"
 #include "core/collectives/shm_engine.h"
 #include "core/topology/topology.h"
-#include "transport/bootstrap/ring_exchange.h"
 #include "transport/links/ibverbs/ibverbs_factory.h"
 #include "transport/links/shm/shm_channel.h"
 #include "transport/links/tcp/tcp_mesh.h"
@@ -77,13 +76,7 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
     // the slowest rank is still starting; the host's segment then waits for the host's ranks.
     // What every rank tells every other goes round a ring of the ranks (two store requests
     // per rank), not through the store (one request per pair); its sockets close after.
-    transport::bootstrap::RingOptions ring;
-    ring.rank = options.rank;
-    ring.size = options.size;
-    ring.token = options.config->token;
-    ring.advertise_host = options.advertise_host;
-    ring.key_prefix = options.key_prefix;
-    ring.timeout = std::chrono::duration_cast<Duration>(options.config->connect_timeout);
+    const transport::links::tcp::ConnectOptions tcp = channels->connectOptions();
     // Each step's time at debug level: where a large start-up spends it.
     Clock::time_point mark = Clock::now();
     auto lap = [&mark] {
@@ -92,9 +85,9 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
       mark = now;
       return ms;
     };
-    transport::bootstrap::RingExchange exchange(store, ring);
+    transport::bootstrap::RingExchange exchange(store, transport::links::tcp::startupRing(tcp));
     const double ring_ms = lap();
-    transport::links::tcp::Connections sockets = channels->connectSockets(exchange);
+    transport::links::tcp::Connections sockets = transport::links::tcp::connectPeers(exchange, tcp);
     const double sockets_ms = lap();
     channels->setUpHost(store, exchange);
     const double host_ms = lap();
@@ -119,8 +112,7 @@ void Channels::joinErrorStates() {
                                                     bool) { engine->abort(kind, message); });
 }
 
-transport::links::tcp::Connections Channels::connectSockets(
-    transport::bootstrap::Exchange& exchange) {
+transport::links::tcp::ConnectOptions Channels::connectOptions() const {
   const Config& config = *options_.config;
   transport::links::tcp::ConnectOptions tcp;
   tcp.rank = options_.rank;
@@ -131,7 +123,7 @@ transport::links::tcp::Connections Channels::connectSockets(
   tcp.connect_timeout = config.connect_timeout;
   tcp.peer_rails = railsToPeers(options_);
   tcp.sockets_per_rail = config.links.sockets_per_rail;
-  return transport::links::tcp::connectPeers(exchange, tcp);
+  return tcp;
 }
 
 void Channels::connectLinks(transport::bootstrap::Exchange& exchange,

@@ -84,9 +84,9 @@ class Channels {
   // the staged path and all take what was faster (collectives::probeCrossRead).
   void chooseReadPath(int local_rank);
   void agreeOnMeasuredLinks(const std::vector<std::string>& segments);
-  // channels.cc: the sockets to every peer (first: see connect()), the messengers and their
+  // channels.cc: how the sockets to every peer are made (connect()), the messengers and their
   // links; the segment's and the group's errors as one.
-  transport::links::tcp::Connections connectSockets(transport::bootstrap::Exchange& exchange);
+  transport::links::tcp::ConnectOptions connectOptions() const;
   void connectLinks(transport::bootstrap::Exchange& exchange,
                     transport::links::tcp::Connections connections);
   void joinErrorStates();

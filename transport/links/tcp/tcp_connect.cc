@@ -32,6 +32,17 @@ constexpr size_t kMaxChannelsPerPeer = 256;
 
 }  // namespace
 
+bootstrap::RingOptions startupRing(const ConnectOptions& options) {
+  bootstrap::RingOptions ring;
+  ring.rank = options.rank;
+  ring.size = options.size;
+  ring.token = options.token;
+  ring.advertise_host = options.advertise_host;
+  ring.key_prefix = options.key_prefix;
+  ring.timeout = options.connect_timeout;
+  return ring;
+}
+
 Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options) {
   Connections result;
   result.by_peer.resize(static_cast<size_t>(options.size));

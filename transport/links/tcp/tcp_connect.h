@@ -6,6 +6,7 @@
 
 #include "base/clock.h"
 #include "transport/bootstrap/exchange.h"
+#include "transport/bootstrap/ring_exchange.h"
 #include "transport/links/tcp/socket.h"
 #include "transport/links/tcp/tcp_driver.h"
 
@@ -52,6 +53,10 @@ struct Connections {
   // Kept for rails that may need re-dialling (several connections to a peer); else empty.
   std::vector<std::unique_ptr<Listener>> listeners;
 };
+
+// The start-up ring of the group these options connect (same ranks, token, address, store
+// prefix and deadline).
+bootstrap::RingOptions startupRing(const ConnectOptions& options);
 
 // Listens, tells every rank the addresses through `exchange` (no store request), connects to every
 // lower rank and accepts every higher one (on each rail both ends can use, `sockets_per_rail`

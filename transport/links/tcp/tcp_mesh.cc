@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "transport/bootstrap/ring_exchange.h"
-
 namespace railshard::transport::links::tcp {
 
 namespace {
@@ -55,14 +53,7 @@ std::unique_ptr<messaging::Mesh> connectMesh(Store& store, const MeshOptions& op
   auto mesh = std::make_unique<messaging::Mesh>(connect.rank, connect.size, options.formatter);
   mesh->setWaitPlan(options.wait);
   if (connect.size < 2) return mesh;
-  bootstrap::RingOptions ring;
-  ring.rank = connect.rank;
-  ring.size = connect.size;
-  ring.token = connect.token;
-  ring.advertise_host = connect.advertise_host;
-  ring.key_prefix = connect.key_prefix;
-  ring.timeout = connect.connect_timeout;
-  bootstrap::RingExchange exchange(store, ring);
+  bootstrap::RingExchange exchange(store, startupRing(connect));
   Connections connections = connectPeers(exchange, connect);
   TcpDriver::Options driver_options;
   driver_options.rank = connect.rank;
