@@ -19,6 +19,7 @@
 #include "base/memory_store.h"
 #include "core/collectives/host_layout.h"
 #include "test_util.h"
+#include "tests/expect_error.h"
 
 namespace railshard::launcher {
 namespace {
@@ -115,14 +116,7 @@ Grown grow(Store& store, const std::shared_ptr<const Topology>& known, int membe
 template <typename E>
 void expectOnEveryRank(const Grown& grown, const std::string& needle) {
   for (size_t r = 0; r < grown.errors.size(); ++r) {
-    ASSERT_NE(grown.errors[r], nullptr) << "rank " << r << " raised nothing";
-    try {
-      std::rethrow_exception(grown.errors[r]);
-    } catch (const E& e) {
-      EXPECT_THAT(e.what(), HasSubstr(needle)) << "rank " << r;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
-    }
+    test::expectError<E>(grown.errors[r], needle, "rank " + std::to_string(r));
   }
 }
 

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/memory_store.h"
 #include "test_util.h"
+#include "tests/expect_error.h"
 
 namespace railshard::launcher {
 namespace {
@@ -76,14 +77,7 @@ Job runJob(Store& store, int size, Config config, const std::vector<std::string>
 template <typename E>
 void expectOnEveryRank(const Job& job, const std::string& needle) {
   for (size_t r = 0; r < job.errors.size(); ++r) {
-    ASSERT_NE(job.errors[r], nullptr) << "rank " << r << " raised nothing";
-    try {
-      std::rethrow_exception(job.errors[r]);
-    } catch (const E& e) {
-      EXPECT_THAT(e.what(), HasSubstr(needle)) << "rank " << r;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << " raised the wrong type: " << e.what();
-    }
+    test::expectError<E>(job.errors[r], needle, "rank " + std::to_string(r));
   }
 }
 

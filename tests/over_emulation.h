@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/memory_store.h"
 #include "core/communicator.h"
+#include "tests/expect_error.h"
 #include "tests/test_util.h"
 
 namespace railshard {
@@ -170,14 +171,7 @@ inline void checkTwoRankAllreduce(Communicator& comm, int iteration) {
 template <typename E>
 void expectOnEveryRank(const std::vector<std::exception_ptr>& errors, const std::string& text) {
   for (size_t r = 0; r < errors.size(); ++r) {
-    ASSERT_TRUE(errors[r]) << "rank " << r << " finished without an error";
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const E& e) {
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": not the expected error type: " << e.what();
-    }
+    test::expectError<E>(errors[r], text, "rank " + std::to_string(r));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "launcher/tcp_store.h"
 #include "launcher/tcp_store_server.h"
+#include "tests/expect_error.h"
 #include "tests/test_util.h"
 
 namespace railshard {
@@ -93,14 +94,9 @@ TEST(RingExchange, ACallOtherRanksDoNotMakeIsAMismatchNamingIt) {
   // gave up, or time out: every rank fails, none hangs.
   for (int r = 0; r < kSize; ++r) ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r;
   for (const int r : {2, 3}) {
-    try {
-      std::rethrow_exception(errors[static_cast<size_t>(r)]);
-    } catch (const MismatchError& e) {
-      EXPECT_NE(std::string(e.what()).find("is at another start-up exchange"), std::string::npos)
-          << e.what();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": not a MismatchError: " << e.what();
-    }
+    test::expectError<MismatchError>(errors[static_cast<size_t>(r)],
+                                     "is at another start-up exchange",
+                                     "rank " + std::to_string(r));
   }
 }
 
@@ -139,15 +135,8 @@ TEST(RingExchange, ARankGoneMidExchangeIsPeerLostOnItsNeighbours) {
   });
   EXPECT_FALSE(errors[2]);
   // Rank 3 receives from rank 2; rank 1 sends to it (and may get its value in first).
-  try {
-    std::rethrow_exception(errors[3]);
-  } catch (const PeerLostError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 2 (previous in the ring) closed its connection"),
-              std::string::npos)
-        << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank 3: not a PeerLostError: " << e.what();
-  }
+  test::expectError<PeerLostError>(errors[3], "rank 2 (previous in the ring) closed its connection",
+                                   "rank 3");
   for (const int r : {0, 1}) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " finished without an error";
   }
