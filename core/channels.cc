@@ -72,11 +72,11 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
   channels->mesh_ =
       std::make_unique<transport::messaging::Mesh>(options.rank, options.size, tagFormatter());
   if (options.size > 1) {
-    // Sockets first: every rank accepts its peers' connections (and refuses strangers') while
-    // the slowest rank is still starting; the host's segment then waits for the host's ranks.
     // What every rank tells every other goes round a ring of the ranks (two store requests
-    // per rank), not through the store (one request per pair); its sockets close after.
-    const transport::links::tcp::ConnectOptions tcp = channels->connectOptions();
+    // per rank), not through the store (one request per pair); its sockets close after. The
+    // ring's first all-gather waits for the slowest rank, so the host's segment and then the
+    // sockets are made with every rank there.
+    transport::links::tcp::ConnectOptions tcp = channels->connectOptions();
     // Each step's time at debug level: where a large start-up spends it.
     Clock::time_point mark = Clock::now();
     auto lap = [&mark] {
@@ -87,15 +87,21 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
     };
     transport::bootstrap::RingExchange exchange(store, transport::links::tcp::startupRing(tcp));
     const double ring_ms = lap();
-    transport::links::tcp::Connections sockets = transport::links::tcp::connectPeers(exchange, tcp);
-    const double sockets_ms = lap();
     channels->setUpHost(store, exchange);
     const double host_ms = lap();
+    // Sockets only to the peers the host's segment does not serve: a one-host job opens none
+    // (at 256 ranks that was 255 per rank, 32,640 connections made at start-up).
+    tcp.wanted.assign(static_cast<size_t>(options.size), true);
+    for (int peer = 0; peer < options.size; ++peer) {
+      tcp.wanted[static_cast<size_t>(peer)] = !channels->throughSegment(peer);
+    }
+    transport::links::tcp::Connections sockets = transport::links::tcp::connectPeers(exchange, tcp);
+    const double sockets_ms = lap();
     channels->connectLinks(exchange, std::move(sockets));
     RS_LOG_DEBUG(
-        "rank {}: channels up: start-up ring {:.1f} ms, sockets {:.1f} ms, host set-up {:.1f} ms, "
+        "rank {}: channels up: start-up ring {:.1f} ms, host set-up {:.1f} ms, sockets {:.1f} ms, "
         "links {:.1f} ms",
-        options.rank, ring_ms, sockets_ms, host_ms, lap());
+        options.rank, ring_ms, host_ms, sockets_ms, lap());
     channels->joinErrorStates();
   }
   return channels;
@@ -124,6 +130,14 @@ transport::links::tcp::ConnectOptions Channels::connectOptions() const {
   tcp.peer_rails = railsToPeers(options_);
   tcp.sockets_per_rail = config.links.sockets_per_rail;
   return tcp;
+}
+
+bool Channels::throughSegment(int peer) const {
+  // An RDMA lane never joins a pair of one host when a segment exists (RAILSHARD_TRANSPORT=
+  // ibverbs, which puts every pair on RDMA, maps none), so the segment is the pair's only link.
+  return engine_ != nullptr && options_.config->shm.p2p && peer != options_.rank &&
+         layout_->host_of[static_cast<size_t>(peer)] ==
+             layout_->host_of[static_cast<size_t>(options_.rank)];
 }
 
 void Channels::connectLinks(transport::bootstrap::Exchange& exchange,
@@ -160,10 +174,12 @@ void Channels::connectLinks(transport::bootstrap::Exchange& exchange,
     if (peer == rank) continue;
     std::vector<std::unique_ptr<transport::links::Link>> lanes;
     if (rdma) lanes.swap(rdma->lanes[static_cast<size_t>(peer)]);
-    // A rank of this host's segment, in a pair that may exchange messages through it.
-    const bool same_host =
-        segment != nullptr && config.shm.p2p && lanes.empty() &&
-        layout_->host_of[static_cast<size_t>(peer)] == layout_->host_of[static_cast<size_t>(rank)];
+    // A rank of this host's segment, in a pair that exchanges messages through it.
+    const bool same_host = throughSegment(peer);
+    if (same_host && !lanes.empty()) {
+      throw Error("rank " + std::to_string(rank) + ": RDMA lanes planned to rank " +
+                  std::to_string(peer) + ", which shares this host's segment");
+    }
     transport::messaging::MessengerOptions messenger;
     messenger.peer = peer;
     messenger.peer_address = connections.address[static_cast<size_t>(peer)];
@@ -185,9 +201,10 @@ void Channels::connectLinks(transport::bootstrap::Exchange& exchange,
       if (reads) messenger.rendezvous_bytes = transport::links::shm::kMailPayloadBytes + 1;
     }
     auto m = std::make_unique<Messenger>(mesh_->group(), messenger);
-    // Beside RDMA lanes or a shared-memory channel the TCP connections carry control only
-    // (heartbeats, reports, aborts, the lanes' records), unless asked to stripe with lanes; a
-    // process's end closes them, so a peer that dies is noticed at once.
+    // Beside RDMA lanes the TCP connections carry control only (heartbeats, reports, aborts,
+    // the lanes' records), unless asked to stripe with lanes; a process's end closes them, so
+    // a peer that dies is noticed at once. A peer of this host's segment has none: its channel
+    // carries control too, and its process is looked at while it is awaited.
     auto& tcp_links = connections.by_peer[static_cast<size_t>(peer)];
     transport::links::tcp::addLinks(
         *tcp_driver, *m, peer, tcp_links,

@@ -87,6 +87,9 @@ class Channels {
   // channels.cc: how the sockets to every peer are made (connect()), the messengers and their
   // links; the segment's and the group's errors as one.
   transport::links::tcp::ConnectOptions connectOptions() const;
+  // Whether the pair talks through this host's segment (a shared-memory channel, no socket):
+  // both ranks decide alike from what setUpHost agreed.
+  bool throughSegment(int peer) const;
   void connectLinks(transport::bootstrap::Exchange& exchange,
                     transport::links::tcp::Connections connections);
   void joinErrorStates();

@@ -183,6 +183,12 @@ std::string Channels::mapHostSegment(Store& store, const std::vector<int>& mine)
       std::chrono::duration_cast<Duration>(config.timeout),
       std::chrono::duration_cast<Duration>(config.wait.spin), mine, config.wait.mode);
   engine_->setFailure(&mesh_->failure());
+  engine_->setAwaitHook([mesh = mesh_.get()](int peer, bool on) {
+    transport::messaging::Messenger* messenger = mesh->messenger(peer);
+    if (messenger == nullptr) return false;
+    messenger->expectArrival(on);
+    return true;
+  });
   const std::string figures = measureHost(leader);
   // Every rank of the host finds out whose memory it can read (cross-memory attach may be
   // refused: ptrace permissions, a container's seccomp profile) and publishes it in the

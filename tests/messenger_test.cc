@@ -412,6 +412,12 @@ TEST(Messenger, APeerSilentPastTheHeartbeatTimeoutIsLost) {
     pair.m[0]->tick();
     pair.m[1]->tick();
   };
+  // Rank 0 awaits a message: only an awaited peer's silence counts (and each awaits the
+  // other, so that each pings).
+  std::vector<uint8_t> in0(8);
+  std::vector<uint8_t> in1(8);
+  auto r0 = pair.m[0]->irecv(in0.data(), in0.size(), tagOf(0));
+  auto r1 = pair.m[1]->irecv(in1.data(), in1.size(), tagOf(0));
   tick();
   t += std::chrono::seconds(4);
   tick();
@@ -423,6 +429,40 @@ TEST(Messenger, APeerSilentPastTheHeartbeatTimeoutIsLost) {
   tick();
   EXPECT_NO_THROW(pair.mesh[0]->checkHealthy()) << "heard 8 s ago";
   t += std::chrono::seconds(3);
+  pair.m[0]->tick();
+  const std::string error = errorOf<PeerLostError>([&] { pair.mesh[0]->checkHealthy(); });
+  EXPECT_NE(error.find("rank 0: rank 1 stopped answering: nothing heard from it for 11.0 s"),
+            std::string::npos)
+      << error;
+}
+
+// A peer nothing is awaited from is not pinged, and its silence is not held against it: an
+// idle pair exchanges nothing (at 256 ranks every rank pinging every peer starved the job).
+// Once a receive is posted the silence counts from then (the last tick before it), not from
+// the last frame heard.
+TEST(Messenger, OnlyAnAwaitedPeerIsPingedAndItsSilenceCountsFromTheWait) {
+  Clock::time_point t = Clock::now();
+  Pair pair(
+      {socketLike("rail", 10)}, {true}, [&] { return t; }, std::chrono::seconds(10));
+  for (int i = 0; i < 10; ++i) {
+    t += std::chrono::seconds(4);
+    pair.m[0]->tick();
+    pair.m[1]->tick();
+  }
+  EXPECT_EQ(pair.deliver(0, 0), 0) << "rank 0 pinged an idle peer";
+  EXPECT_EQ(pair.deliver(1, 0), 0) << "rank 1 pinged an idle peer";
+  EXPECT_NO_THROW(pair.mesh[0]->checkHealthy()) << "40 s of an idle peer's silence counted";
+  std::vector<uint8_t> in(8);
+  auto request = pair.m[0]->irecv(in.data(), in.size(), tagOf(0));
+  pair.m[0]->tick();
+  EXPECT_EQ(pair.deliver(0, 0), 1) << "an awaited peer is pinged";
+  // Rank 1 is stopped from here on: the wait is lost 10 s after it began.
+  for (int second = 1; second <= 10; ++second) {
+    t += std::chrono::seconds(1);
+    pair.m[0]->tick();
+    ASSERT_NO_THROW(pair.mesh[0]->checkHealthy()) << second << " s into the wait";
+  }
+  t += std::chrono::seconds(1);
   pair.m[0]->tick();
   const std::string error = errorOf<PeerLostError>([&] { pair.mesh[0]->checkHealthy(); });
   EXPECT_NE(error.find("rank 0: rank 1 stopped answering: nothing heard from it for 11.0 s"),

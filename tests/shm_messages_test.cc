@@ -18,20 +18,24 @@ const std::string kCheck = std::string(RAILSHARD_BINARY_DIR) + "/tests/p2p_check
 struct Counted {
   unsigned long long payload = 0;
   unsigned long long tcp = 0;
+  int sockets = -1;
 };
 
 Counted countedBytes(const test::ProcessResult& r) {
   std::smatch m;
-  static const std::regex line(R"(ok payload=([0-9]+) tcp_bytes=([0-9]+))");
+  static const std::regex line(R"(ok payload=([0-9]+) tcp_bytes=([0-9]+) sockets=([0-9]+))");
   if (!std::regex_search(r.out, m, line)) return {};
-  return {std::stoull(m[1].str()), std::stoull(m[2].str())};
+  return {std::stoull(m[1].str()), std::stoull(m[2].str()), std::stoi(m[3].str())};
 }
 
 // The ring exchange (sizes around the inline limit and past 1 MiB, each message checked byte
 // for byte by the program) between three processes: with RAILSHARD_P2P_SHM=1 no payload byte
-// crosses a socket; with 0 (the fallback a refused cross-memory read also takes) the same
-// messages arrive over loopback TCP, every payload byte counted on the connections.
+// crosses a socket, and no connection to a peer is even made (each rank holds exactly two
+// sockets fewer than with the fallback: one per peer); with 0 (the fallback a refused
+// cross-memory read also takes) the same messages arrive over loopback TCP, every payload byte
+// counted on the connections.
 TEST(ShmMessages, ProcessesExchangeExactlyThroughSharedMemoryAndOverTheFallback) {
+  std::vector<int> sockets[2];  // by setting, by rank
   for (const std::string setting : {"1", "0"}) {
     SCOPED_TRACE("RAILSHARD_P2P_SHM=" + setting);
     auto results =
@@ -47,7 +51,15 @@ TEST(ShmMessages, ProcessesExchangeExactlyThroughSharedMemoryAndOverTheFallback)
       } else {
         EXPECT_GE(bytes.tcp, bytes.payload) << "rank " << rank << ": " << r.out;
       }
+      ASSERT_GE(bytes.sockets, 0) << r.out;
+      sockets[setting == "1" ? 0 : 1].push_back(bytes.sockets);
     }
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(sockets[1][static_cast<size_t>(rank)] - sockets[0][static_cast<size_t>(rank)], 2)
+        << "rank " << rank << ": " << sockets[0][static_cast<size_t>(rank)]
+        << " sockets through shared memory, " << sockets[1][static_cast<size_t>(rank)]
+        << " over TCP";
   }
 }
 

@@ -128,14 +128,14 @@ void ShmEngine::fail(ErrorKind kind, const std::string& message) {
   throwAborted();
 }
 
-void ShmEngine::checkPeerAlive(int peer, const char* what) {
+void ShmEngine::checkPeerAlive(int peer, const char* what, bool process) {
   if (segment_->control(peer).left.load() != 0) {
     fail(ErrorKind::kPeerLost,
          "rank " + std::to_string(nameOf(rank_)) + ": rank " + std::to_string(nameOf(peer)) +
              " closed its communicator while " + describeTag(tag_) + " waited for its " + what);
   }
   const int32_t pid = segment_->control(peer).pid.load();
-  if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+  if (process && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
     fail(ErrorKind::kPeerLost, "rank " + std::to_string(nameOf(rank_)) + ": rank " +
                                    std::to_string(nameOf(peer)) + " (pid " + std::to_string(pid) +
                                    ") exited while " + describeTag(tag_) + " waited for its " +
@@ -150,6 +150,16 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
   auto& header = segment_->header();
   Clock::time_point start{};
   uint32_t polls = 0;
+  // A wait long enough to be checked on makes the peer awaited until it ends (the hook's
+  // lock stays off the fast path).
+  struct Awaiting {
+    const std::function<bool(int, bool)>& hook;
+    int peer = -1;
+    bool watched = false;  // by the group's messenger for the peer
+    ~Awaiting() {
+      if (peer >= 0) hook(peer, false);
+    }
+  } awaiting{await_hook_};
   const bool arrived = waiter_.waitFor(
       [&] {
         if (FutexWord::reached(flag.load(), target)) return true;
@@ -161,7 +171,13 @@ void ShmEngine::waitFor(int peer, FutexWord& flag, uint32_t target, const char* 
       flag, header.sleepers, timeout_,
       [&] {
         if (header.aborted.load() != 0) throwAborted();
-        checkPeerAlive(peer, what);
+        if (awaiting.peer < 0 && await_hook_) {
+          awaiting.peer = nameOf(peer);
+          awaiting.watched = await_hook_(awaiting.peer, true);
+        }
+        // A goodbye is this engine's to see (the messenger of a peer that said it has
+        // nothing to wait for); a process gone is the messenger's, when it watches.
+        checkPeerAlive(peer, what, !awaiting.watched);
         // The group failed elsewhere (a lost peer on another host): its hook aborted the
         // segment, but a wait that slept through it looks here too.
         if (failure_ != nullptr && failure_->failed()) failure_->rethrow();

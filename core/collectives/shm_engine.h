@@ -105,6 +105,12 @@ class ShmEngine {
   void setTimeoutExplainer(std::function<std::string(const transport::MessageTag&)> explain) {
     timeout_explainer_ = std::move(explain);
   }
+  // Told (world rank, true) when a wait on a peer has lasted a liveness check period, and
+  // (rank, false) when it ends: the group's heartbeat pings only awaited peers, and a peer
+  // that stopped (SIGSTOP, a hung host process: its pid lives) is found only by it. It
+  // returns whether the group watches that peer (then the group, not this engine, finds its
+  // process gone, and records it lost with its host for shrink()).
+  void setAwaitHook(std::function<bool(int, bool)> hook) { await_hook_ = std::move(hook); }
   // Makes every rank's current and next wait on the segment fail with this error.
   void abort(ErrorKind kind, const std::string& message);
 
@@ -128,7 +134,8 @@ class ShmEngine {
   [[noreturn]] void throwAborted();
   // An error this rank found: the segment and the group fail with it, and it is raised.
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
-  void checkPeerAlive(int peer, const char* what);
+  // Its goodbye, and with `process` whether its process still exists.
+  void checkPeerAlive(int peer, const char* what, bool process);
 
   std::unique_ptr<transport::links::shm::ShmSegment> segment_;
   int rank_;
@@ -146,6 +153,7 @@ class ShmEngine {
   std::unique_ptr<transport::links::shm::PeerMappings> peer_mappings_;
   transport::messaging::FailureState* failure_ = nullptr;
   std::function<std::string(const transport::MessageTag&)> timeout_explainer_;
+  std::function<bool(int, bool)> await_hook_;
 };
 
 }  // namespace railshard::collectives

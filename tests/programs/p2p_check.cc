@@ -6,9 +6,11 @@
 //
 // --die-rank R --die-after K: in round K rank R posts its first send of the round and raises
 //   SIGKILL on itself before anyone has read it.
-// On success every rank prints "rank R ok payload=P tcp_bytes=T": P payload bytes it sent,
-// T bytes its transport's connections carried (0 when every message went through shared
-// memory). Every error is printed with its class name and exits 1.
+// On success every rank prints "rank R ok payload=P tcp_bytes=T sockets=S": P payload bytes it
+// sent, T bytes its transport's connections carried (0 when every message went through shared
+// memory), S the sockets the process held with its communicator up (/proc/self/fd). Every
+// error is printed with its class name and exits 1.
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,6 +30,21 @@ namespace {
 uint8_t patternByte(int from, int round, size_t i) {
   return static_cast<uint8_t>(i * 131 + static_cast<size_t>(from) * 17 +
                               static_cast<size_t>(round) * 5);
+}
+
+// Descriptors of this process that are sockets (store, listeners, connections).
+int countSockets() {
+  int count = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (const dirent* entry = ::readdir(dir)) {
+    char target[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::strncmp(target, "socket:", 7) == 0) ++count;
+  }
+  ::closedir(dir);
+  return count;
 }
 
 int run(int argc, char** argv) {
@@ -81,9 +98,11 @@ int run(int argc, char** argv) {
   }
   uint64_t tcp = 0;
   for (const auto& rail : comm->transport().rails()) tcp += rail.bytes_sent;
+  const int sockets = countSockets();
   comm->barrier();
-  std::printf("rank %d ok payload=%llu tcp_bytes=%llu\n", me,
-              static_cast<unsigned long long>(payload), static_cast<unsigned long long>(tcp));
+  std::printf("rank %d ok payload=%llu tcp_bytes=%llu sockets=%d\n", me,
+              static_cast<unsigned long long>(payload), static_cast<unsigned long long>(tcp),
+              sockets);
   return 0;
 }
 

@@ -211,6 +211,18 @@ int Mesh::awaitArrival(const std::vector<int>& peers,
                        const std::function<bool(const MessageTag&)>& accept, Deadline deadline) {
   std::vector<Messenger*> candidates;
   for (int peer : peers) candidates.push_back(&at(peer, "awaitArrival"));
+  // Awaited while this waits: a peer that hangs meanwhile is found by its heartbeat.
+  struct Expecting {
+    std::vector<Messenger*>& of;
+    explicit Expecting(std::vector<Messenger*>& m) : of(m) {
+      for (Messenger* messenger : of) messenger->expectArrival(true);
+    }
+    ~Expecting() {
+      for (Messenger* messenger : of) messenger->expectArrival(false);
+    }
+    Expecting(const Expecting&) = delete;
+    Expecting& operator=(const Expecting&) = delete;
+  } expecting(candidates);
   const bool polled = !polled_.empty();
   int found = -1;
   waiter_.wait(

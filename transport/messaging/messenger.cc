@@ -126,8 +126,8 @@ bool Messenger::lost() const {
 }
 
 bool Messenger::busyLocked() const {
-  if (!deferred_.empty() || book_.awaitsAny() || !moves_.empty() || !offered_.empty() ||
-      !granted_.empty()) {
+  if (expecting_ > 0 || !deferred_.empty() || book_.awaitsAny() || !moves_.empty() ||
+      !offered_.empty() || !granted_.empty()) {
     return true;
   }
   for (const auto& l : links_) {
@@ -237,6 +237,11 @@ std::optional<std::string> Messenger::checkStaged() {
   std::lock_guard<std::mutex> lock(mutex_);
   return book_.checkStaged(
       [&](const MessageTag& theirs) { return group_.current->unsolicited(options_.peer, theirs); });
+}
+
+void Messenger::expectArrival(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expecting_ += on ? 1 : -1;
 }
 
 void Messenger::poll() {

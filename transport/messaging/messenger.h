@@ -49,8 +49,9 @@ struct Group {
 struct MessengerOptions {
   int peer = -1;
   std::string peer_address;  // in errors: "rank 3 (10.0.0.2:4100)"
-  // Weights, the stalled-link timeout, the heartbeat (a peer heard nothing from for
-  // heartbeat_timeout is lost; pinged every fifth of it; zero: none).
+  // Weights, the stalled-link timeout, the heartbeat (a peer this rank awaits something from
+  // and heard nothing from for heartbeat_timeout is lost; pinged every fifth of it while
+  // awaited; zero: none).
   LinkConfig links;
   // Host messages of this many bytes or more move in place (a rendezvous) when every data link
   // up is one-sided; 0 = never. `write_rendezvous`: the receiver grants, the sender writes.
@@ -119,6 +120,9 @@ class Messenger {
   // The first early message nobody asked for that is of another collective than the group's
   // current one (Group::current): its mismatch text.
   std::optional<std::string> checkStaged();
+  // A receive from any source waits on this peer among others (awaitArrival): while one does,
+  // the peer is awaited as by a posted receive (heartbeats, liveness checks).
+  void expectArrival(bool on);
   // Polled links (shared memory): moves them along. Cheap when there are none.
   bool polled() const { return polled_; }
   void poll();
@@ -189,6 +193,13 @@ class Messenger {
 
   // Raises the failures found under the lock (Guard does).
   void raisePending();
+  // Whether this rank awaits anything of the peer: a receive, a send or an acknowledgement
+  // still to come, a rendezvous, a receive from any source. Only an awaited peer is pinged
+  // and checked for life: at 256 ranks every rank pinging every peer every 2 s was 32,000
+  // pings a second, which starved the job (docs/scaling.md); a peer nobody waits on is
+  // found lost when somebody next does (within the heartbeat timeout), or sooner by its
+  // links (a closed socket, an exited process).
+  bool busyLocked() const;
 
  private:
   enum class State : uint8_t { kConnecting, kUp, kDown };
@@ -231,7 +242,6 @@ class Messenger {
   void sendControlLocked(FrameHeader header, const std::string& payload = {},
                          LinkState* via = nullptr);
   bool retains() const { return data_links_ > 1; }
-  bool busyLocked() const;
   // messenger_receive.cc
   void onDataLandedLocked(LinkState& link, const FrameHeader& header, Landing& landing);
   // The message is whole: `source` (its staging buffer or a bounce; null when it landed in
@@ -318,6 +328,7 @@ class Messenger {
   bool bye_sent_ = false;
   Clock::time_point heard_{};           // anything arrived from the peer
   Clock::time_point heartbeat_sent_{};  // last ping
+  int expecting_ = 0;                   // receives from any source waiting on the peer
   Clock::time_point last_tick_{};
   // Rendezvous (messenger_rendezvous.cc): the moves this rank drives (reads, or writes once
   // granted), its offers waiting for the peer's ends or grant (by message), the grants it made

@@ -480,8 +480,11 @@ void Messenger::heartbeatLocked(Clock::time_point t) {
   // starved of CPU), the silence is ours, not the peer's: start counting again.
   const bool we_slept = last_tick_ != Clock::time_point{} && t - last_tick_ > timeout / 2;
   last_tick_ = t;
-  if (heard_ == Clock::time_point{} || we_slept) heard_ = t;
-  if (timeout <= Duration::zero() || bye_received_) return;
+  // Silence counts only while the peer is awaited (and since then): nobody is kept waiting
+  // by a peer that computes, and not pinging it keeps the work of a tick O(peers in use).
+  const bool awaited = busyLocked();
+  if (heard_ == Clock::time_point{} || we_slept || !awaited) heard_ = t;
+  if (timeout <= Duration::zero() || bye_received_ || !awaited) return;
   if (t - heartbeat_sent_ >= timeout / 5) {
     FrameHeader ping;
     ping.kind = static_cast<uint8_t>(FrameKind::kPing);

@@ -32,7 +32,8 @@ struct ConnectOptions {
   // address). Both ranks of a pair must list the same rails.
   std::vector<std::vector<RailSpec>> peer_rails;
   int sockets_per_rail = 1;
-  // Peers this rank connects to at all (empty: every one).
+  // Peers this rank connects to at all (empty: every one). Both ranks of a pair must agree
+  // (core/channels: none to the ranks its host's segment serves).
   std::vector<bool> wanted;
 };
 
@@ -59,10 +60,10 @@ struct Connections {
 bootstrap::RingOptions startupRing(const ConnectOptions& options);
 
 // Listens, tells every rank the addresses through `exchange` (no store request), connects to every
-// lower rank and accepts every higher one (on each rail both ends can use, `sockets_per_rail`
-// sockets each; else one connection to the advertised address). TimeoutError names the ranks that
-// never showed up; every refused connection (a stranger, a wrong token, a silent client) is logged
-// with why.
+// lower rank and accepts every higher one that it wants (on each rail both ends can use,
+// `sockets_per_rail` sockets each; else one connection to the advertised address). TimeoutError
+// names the ranks that never showed up; every refused connection (a stranger, a wrong token, a
+// silent client) is logged with why.
 Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options);
 
 }  // namespace railshard::transport::links::tcp
