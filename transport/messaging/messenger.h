@@ -120,8 +120,9 @@ class Messenger {
   // The first early message nobody asked for that is of another collective than the group's
   // current one (Group::current): its mismatch text.
   std::optional<std::string> checkStaged();
-  // A receive from any source waits on this peer among others (awaitArrival): while one does,
-  // the peer is awaited as by a posted receive (heartbeats, liveness checks).
+  // A wait that is not a posted receive is on this peer (a receive from any source,
+  // awaitArrival; a shared-memory step, ShmEngine's await hook): while one is, the peer is
+  // awaited as by a posted receive (heartbeats, liveness checks). Calls pair up (on, off).
   void expectArrival(bool on);
   // Polled links (shared memory): moves them along. Cheap when there are none.
   bool polled() const { return polled_; }
@@ -194,7 +195,7 @@ class Messenger {
   // Raises the failures found under the lock (Guard does).
   void raisePending();
   // Whether this rank awaits anything of the peer: a receive, a send or an acknowledgement
-  // still to come, a rendezvous, a receive from any source. Only an awaited peer is pinged
+  // still to come, a rendezvous, a wait marked by expectArrival. Only an awaited peer is pinged
   // and checked for life: at 256 ranks every rank pinging every peer every 2 s was 32,000
   // pings a second, which starved the job (docs/scaling.md); a peer nobody waits on is
   // found lost when somebody next does (within the heartbeat timeout), or sooner by its
@@ -328,7 +329,7 @@ class Messenger {
   bool bye_sent_ = false;
   Clock::time_point heard_{};           // anything arrived from the peer
   Clock::time_point heartbeat_sent_{};  // last ping
-  int expecting_ = 0;                   // receives from any source waiting on the peer
+  int expecting_ = 0;                   // waits marked by expectArrival, open now
   Clock::time_point last_tick_{};
   // Rendezvous (messenger_rendezvous.cc): the moves this rank drives (reads, or writes once
   // granted), its offers waiting for the peer's ends or grant (by message), the grants it made
