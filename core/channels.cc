@@ -114,8 +114,9 @@ void Channels::joinErrorStates() {
   // group (ShmEngine::fail), which tells the other hosts through the messengers.
   collectives::ShmEngine* engine = engine_.get();
   if (engine == nullptr) return;
-  failure_hook_ = mesh_->failure().addHook([engine](ErrorKind kind, const std::string& message, int,
-                                                    bool) { engine->abort(kind, message); });
+  failure_hook_ =
+      mesh_->failure().addHook([engine](ErrorKind kind, const std::string& message, int lost,
+                                        bool) { engine->abort(kind, message, lost); });
 }
 
 transport::links::tcp::ConnectOptions Channels::connectOptions() const {

@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "core/collectives/shm_engine.h"
 #include "transport/links/shm/shm_segment.h"
+#include "transport/messaging/failure_state.h"
 
 namespace railshard::collectives {
 namespace {
@@ -69,6 +70,46 @@ TEST(ShmEngineAbort, RanksThatAbortTogetherLeaveOneWholeMessage) {
           << "round " << round << " rank " << r;
     }
   }
+}
+
+// A rank that aborts the segment because it lost a peer says which: the host's other ranks,
+// which have no connection of their own to that peer (none over TCP inside a host), record it
+// lost in their group's state, so their errors name it and shrink() drops it. Group ranks 3
+// and 5 here, the lost one 7. (A CI run raised, on two ranks of four, "lost a peer" with no
+// name: the abort they woke to carried only the text.)
+TEST(ShmEngineAbort, TheLostRankAnAbortNamesIsRecordedLostByTheHostsOtherRanks) {
+  const std::string name = ShmSegment::makeName();
+  auto created = ShmSegment::create(name, 2, 4096);
+  auto attached = ShmSegment::attach(name, 2, 4096);
+  created->unlink();
+  const std::vector<int> names = {3, 5};
+  ShmEngine first(std::move(created), 0, 2, std::chrono::seconds(10), std::chrono::microseconds(0),
+                  names);
+  ShmEngine second(std::move(attached), 1, 2, std::chrono::seconds(10),
+                   std::chrono::microseconds(0), names);
+  transport::messaging::FailureState first_state(3);
+  transport::messaging::FailureState second_state(5);
+  first.setFailure(&first_state);
+  second.setFailure(&second_state);
+  first.abort(ErrorKind::kPeerLost, "rank 3: lost rank 7: its process exited", 7);
+  for (auto* engine : {&first, &second}) {
+    try {
+      engine->barrier(transport::MessageTag{});
+      ADD_FAILURE() << "the barrier of an aborted segment returned";
+    } catch (const PeerLostError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 3: lost rank 7: its process exited"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const auto* state : {&first_state, &second_state}) {
+    const auto lost = state->lostPeers();
+    ASSERT_EQ(lost.size(), 1u);
+    EXPECT_EQ(lost[0].rank, 7);
+    EXPECT_NE(lost[0].reason.find("its process exited"), std::string::npos) << lost[0].reason;
+  }
+  EXPECT_NE(std::string(second_state.lostPeers()[0].reason).find("[reported by rank 3]"),
+            std::string::npos);
 }
 
 }  // namespace

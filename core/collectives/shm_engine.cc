@@ -89,7 +89,7 @@ void ShmEngine::wakeEveryone() {
   }
 }
 
-void ShmEngine::abort(ErrorKind kind, const std::string& message) {
+void ShmEngine::abort(ErrorKind kind, const std::string& message, int lost) {
   auto& header = segment_->header();
   if (header.aborted.load() != 0) return;
   uint32_t unclaimed = 0;
@@ -105,6 +105,7 @@ void ShmEngine::abort(ErrorKind kind, const std::string& message) {
   header.abort_message[length] = '\0';
   header.abort_kind.store(static_cast<uint32_t>(kind));
   header.abort_rank.store(rank_);
+  header.abort_lost.store(lost);
   header.aborted.store(1, header.sleepers);
   wakeEveryone();
 }
@@ -116,6 +117,9 @@ void ShmEngine::throwAborted() {
   if (by != rank_) message += " [reported by rank " + std::to_string(nameOf(by)) + "]";
   const auto kind = static_cast<ErrorKind>(header.abort_kind.load());
   if (failure_ == nullptr) throwError(kind, message);
+  // Before the group fails: its error names the lost rank from what it recorded.
+  const int lost = header.abort_lost.load();
+  if (lost >= 0) failure_->recordLost(lost, message);
   // Another rank of this host aborted the segment: this rank's group fails with it too (and
   // tells the ranks of other hosts, should that rank be gone); a failure the group had already
   // wins.
@@ -123,8 +127,8 @@ void ShmEngine::throwAborted() {
   failure_->rethrow();
 }
 
-void ShmEngine::fail(ErrorKind kind, const std::string& message) {
-  abort(kind, message);
+void ShmEngine::fail(ErrorKind kind, const std::string& message, int lost) {
+  abort(kind, message, lost);
   throwAborted();
 }
 
@@ -136,10 +140,11 @@ void ShmEngine::checkPeerAlive(int peer, const char* what, bool process) {
   }
   const int32_t pid = segment_->control(peer).pid.load();
   if (process && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-    fail(ErrorKind::kPeerLost, "rank " + std::to_string(nameOf(rank_)) + ": rank " +
-                                   std::to_string(nameOf(peer)) + " (pid " + std::to_string(pid) +
-                                   ") exited while " + describeTag(tag_) + " waited for its " +
-                                   what);
+    fail(ErrorKind::kPeerLost,
+         "rank " + std::to_string(nameOf(rank_)) + ": rank " + std::to_string(nameOf(peer)) +
+             " (pid " + std::to_string(pid) + ") exited while " + describeTag(tag_) +
+             " waited for its " + what,
+         nameOf(peer));
   }
 }
 

@@ -111,8 +111,9 @@ class ShmEngine {
   // returns whether the group watches that peer (then the group, not this engine, finds its
   // process gone, and records it lost with its host for shrink()).
   void setAwaitHook(std::function<bool(int, bool)> hook) { await_hook_ = std::move(hook); }
-  // Makes every rank's current and next wait on the segment fail with this error.
-  void abort(ErrorKind kind, const std::string& message);
+  // Makes every rank's current and next wait on the segment fail with this error; `lost` is
+  // the group rank it says was lost (-1: none), recorded as lost by every rank of the host.
+  void abort(ErrorKind kind, const std::string& message, int lost = -1);
 
  private:
   std::vector<size_t> uniformBlocks(size_t block) const;
@@ -133,7 +134,7 @@ class ShmEngine {
   // The segment's error, raised as the group's (whose first error wins).
   [[noreturn]] void throwAborted();
   // An error this rank found: the segment and the group fail with it, and it is raised.
-  [[noreturn]] void fail(ErrorKind kind, const std::string& message);
+  [[noreturn]] void fail(ErrorKind kind, const std::string& message, int lost = -1);
   // Its goodbye, and with `process` whether its process still exists.
   void checkPeerAlive(int peer, const char* what, bool process);
 

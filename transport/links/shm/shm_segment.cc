@@ -20,7 +20,8 @@ namespace railshard::transport::links::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x5253484d53454731ULL;  // "RSHMSEG1"
-constexpr uint32_t kVersion = 5;  // 3: message entries; 4: frames in them; 5: reserved per pair
+// 3: message entries; 4: frames in them; 5: reserved per pair; 6: the abort's lost rank
+constexpr uint32_t kVersion = 6;
 constexpr size_t kPage = 4096;
 
 // std::string("/") + name, spelled so that GCC 12 does not raise a false -Wrestrict.

@@ -76,6 +76,10 @@ struct alignas(128) SegmentHeader {
   // "rank 0 has float, rank 0 has int32", half of each).
   std::atomic<uint32_t> abort_claimed;
   std::atomic<int32_t> abort_rank;
+  // The rank the abort says was lost (a group rank), or -1: the host's other ranks record it
+  // as lost too, so that their errors name it (with its host) and shrink() knows whom to drop,
+  // though they have no connection of their own to it that ended.
+  std::atomic<int32_t> abort_lost;
   std::atomic<uint32_t> abort_kind;
   char abort_message[2048];
 };
