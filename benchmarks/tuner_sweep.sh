@@ -10,8 +10,8 @@
 # (small sizes: more iterations) and -b 256K -e 256M -f 8 -n 3 -w 1, results read from -J.
 # Per run and size the better of out-of-place and in-place time; per algorithm and size the
 # median over the repetitions; auto / fastest is that median over the fastest algorithm's.
-# two_level_direct takes messages up to one slot and falls back to two_level above, so its
-# figures there are two_level's (bracketed). auto's own choice per size is read from one more
+# two_level_direct and two_level_leader take messages up to one slot and fall back to
+# two_level above, so their figures there are two_level's (bracketed). auto's own choice per size is read from one more
 # short job per range in the first repetition, at RAILSHARD_LOG_LEVEL=debug (-n 1 -w 0): the
 # timed jobs run at info level, since debug logging of every all-reduce and rail piece costs
 # more than a small all-reduce and slowed auto's timings by up to 2x.
@@ -72,7 +72,7 @@ mkdir -p "$logs"
 IFS=, read -r rate0 rate1 <<<"$rates"
 
 algorithms=(auto ring recursive_doubling)
-if [ "$ranks" -gt 1 ]; then algorithms+=(two_level two_level_direct); fi
+if [ "$ranks" -gt 1 ]; then algorithms+=(two_level two_level_direct two_level_leader); fi
 
 log() { echo "[tuner_sweep $(date +%H:%M:%S)] $*" >&2; }
 status=0
@@ -158,14 +158,14 @@ for s in sizes:
     for a in algos:
         if a not in med:
             cells.append("-")
-        elif a == "two_level_direct" and choice.get(s) != "two_level_direct" and s > (1 << 20):
+        elif a in ("two_level_direct", "two_level_leader") and choice.get(s) != a and s > (1 << 20):
             cells.append(f"({med[a]:.0f})")
         else:
             cells.append(f"{med[a]:.0f}")
     fastest = min(forced.values()) if forced else float("nan")
     ratio = med["auto"] / fastest if "auto" in med else float("nan")
     chosen = choice.get(s)
-    # two_level_direct above one slot runs two_level: its forced figure is the same algorithm.
+    # two_level_direct/_leader above one slot run two_level: their forced figures are its.
     chosen_time = forced.get(chosen, float("nan"))
     choice_ratio = chosen_time / fastest
     worst = max(worst, ratio)

@@ -16,6 +16,7 @@
 #include "transport/links/shm/host_identity.h"
 #include "transport/links/shm/shm_channel.h"
 #include "transport/links/shm/shm_segment.h"
+#include "transport/messaging/machine_load.h"
 
 namespace railshard {
 
@@ -256,8 +257,13 @@ std::string Channels::measureHost(int leader) {
   if (options_.rank != leader) return std::string();
   const double beta = collectives::measureCopyGBps(kProbeBytes);
   const double reduce = collectives::measureReduceGBps(kProbeBytes);
+  // And how crowded the host's cores are: its ranks over the cores this process may run on
+  // (its ranks' own sets are not known here; ranks bound one core each look crowded, and get
+  // the leader variant for small all-reduces, which costs them one hand-off).
+  const double per_core = static_cast<double>(engine_->size()) /
+                          static_cast<double>(transport::messaging::allowedCores());
   return std::to_string(engine_->slotBytes()) + " " + std::to_string(alpha) + " " +
-         std::to_string(beta) + " " + std::to_string(reduce);
+         std::to_string(beta) + " " + std::to_string(reduce) + " " + std::to_string(per_core);
 }
 
 void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
@@ -275,10 +281,13 @@ void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
     double alpha = 0;
     double beta = 0;
     double reduce = 0;
-    if (std::sscanf(text.c_str(), "%llu %lf %lf %lf", &slot, &alpha, &beta, &reduce) != 4) {
+    double per_core = 0;
+    if (std::sscanf(text.c_str(), "%llu %lf %lf %lf %lf", &slot, &alpha, &beta, &reduce,
+                    &per_core) != 5) {
       throw ProtocolError("rank " + std::to_string(leader) + " sent unreadable link figures '" +
                           text + "'");
     }
+    agreed.ranks_per_core = std::max(agreed.ranks_per_core, per_core);
     if (!any) {
       agreed.shm = {alpha, beta};
       agreed.reduce_gbps = reduce;
@@ -293,8 +302,9 @@ void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
   if (any) {
     RS_LOG_DEBUG(
         "rank {}: measured shared memory {:.2f} us per hand-off, {:.1f} GB/s copy; "
-        "reduction {:.1f} GB/s",
-        options_.rank, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps);
+        "reduction {:.1f} GB/s; at most {:.1f} ranks per core on a host",
+        options_.rank, agreed.shm.alpha_us, agreed.shm.beta_gbps, agreed.reduce_gbps,
+        agreed.ranks_per_core);
   }
 }
 

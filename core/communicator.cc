@@ -265,6 +265,9 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, DataTyp
       case collectives::Algorithm::kTwoLevelDirect:
         return collectives::twoLevelDirectAllreduce(context, engine, *layout, send, recv, count,
                                                     dtype, op);
+      case collectives::Algorithm::kTwoLevelLeader:
+        return collectives::twoLevelLeaderAllreduce(context, engine, *layout, send, recv, count,
+                                                    dtype, op);
     }
   });
 }

@@ -31,6 +31,7 @@ collectives::Algorithm Planner::allreduce(size_t bytes, const transport::Message
     input.network = channels_.network();
     input.shm_link = channels_.measured().shm;
     input.reduce_gbps = channels_.measured().reduce_gbps;
+    input.ranks_per_core = channels_.measured().ranks_per_core;
     const auto choice = collectives::chooseAllreduce(input, config_.algorithm, explain);
     tuned_ = true;
     tuned_bytes_ = bytes;

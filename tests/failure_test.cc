@@ -89,25 +89,32 @@ INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm"));
 // processes really share this machine, the graph makes them hosts), two-level all-reduces:
 // SIGKILL a rank whose host peer waits for it in shared memory (1), or one on the other host
 // (2). Every survivor, on either host, raises PeerLostError naming it within 2 s. A run
-// without a kill first shows the layout is the two-level one.
-TEST(KilledTwoLevel, EverySurvivorOnEitherHostNamesTheKilledRankWithinTwoSeconds) {
+// without a kill first shows the layout is the two-level one. Large messages (two_level), and
+// small ones with only host leaders across (two_level_leader: rank 1 dies while its leader
+// waits for it in the host's sum, rank 2 while rank 3 sleeps in its host's broadcast and
+// rank 0 waits for it across).
+class KilledTwoLevel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(KilledTwoLevel, EverySurvivorOnEitherHostNamesTheKilledRankWithinTwoSeconds) {
+  const std::string algorithm = std::get<0>(GetParam());
+  const std::string count = std::to_string(std::get<1>(GetParam()));
   const std::map<std::string, std::string> env = {
       {"RAILSHARD_TIMEOUT", "60"},
-      {"RAILSHARD_ALGO", "two_level"},
+      {"RAILSHARD_ALGO", algorithm},
       {"RAILSHARD_TOPO_FILE",
        std::string(RAILSHARD_SOURCE_DIR) + "/tests/fixtures/two_rail_pair.json"}};
   const auto healthy =
-      runRanksByHand(4, {"--iterations", "3", "--count", "100000"}, env, std::chrono::seconds(60));
+      runRanksByHand(4, {"--iterations", "3", "--count", count}, env, std::chrono::seconds(60));
   for (const auto& r : healthy) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("over shm per host and tcp, topology"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("with 2 host(s)"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("last algorithm two_level"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("last algorithm " + algorithm + "\n"), std::string::npos) << r.out;
   }
   for (const int killed : {1, 2}) {
     auto results = runRanksByHand(4,
                                   {"--iterations", "100000", "--die-rank", std::to_string(killed),
-                                   "--die-after", "20", "--die-how", "kill", "--count", "100000"},
+                                   "--die-after", "20", "--die-how", "kill", "--count", count},
                                   env, std::chrono::seconds(60));
     EXPECT_EQ(results[static_cast<size_t>(killed)].signal, SIGKILL)
         << results[static_cast<size_t>(killed)].err;
@@ -126,6 +133,11 @@ TEST(KilledTwoLevel, EverySurvivorOnEitherHostNamesTheKilledRankWithinTwoSeconds
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, KilledTwoLevel,
+                         ::testing::Values(std::make_tuple("two_level", 100000),
+                                           std::make_tuple("two_level_leader", 10)),
+                         [](const auto& info) { return std::get<0>(info.param); });
 
 // Under railshard-launch --elastic the launcher hosts the store, so even rank 0 (which hosts
 // it otherwise) may die: the launcher marks it lost, the three others shrink and finish.

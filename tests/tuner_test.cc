@@ -101,6 +101,37 @@ TEST(Tuner, SeveralRanksPerHostPickTwoLevelDirectForSmallAndTwoLevelForLarge) {
             Algorithm::kTwoLevel);
 }
 
+// Hosts whose ranks outnumber their cores: the direct variant's L ranks crossing at once
+// queue for the cores, so from a few ranks per core on only each host's leader crosses. With
+// a core per rank (real servers) the direct variant stays: the leader's broadcast is one more
+// hand-off for nothing.
+TEST(Tuner, CrowdedHostsSendOneRankPerHostAcrossForSmallMessages) {
+  TunerInput crowded = hosts(8, 16, 16);
+  crowded.ranks_per_core = 8;  // 16 ranks on 2 cores
+  EXPECT_EQ(chooseAllreduce(crowded, "auto").algorithm, Algorithm::kTwoLevelLeader);
+  // Four rounds at 30 us: the direct variant's grow eightfold and carry 16 copies of the 8
+  // bytes (at 156.25 B/us); the leader adds a hand-off (1 us) and two 8-byte copies (8 GB/s).
+  const double direct = estimateMicros(Algorithm::kTwoLevelDirect, crowded);
+  const double leader = estimateMicros(Algorithm::kTwoLevelLeader, crowded);
+  EXPECT_NEAR(direct - leader, 4 * 30 * 7 + 4 * (128 - 8) / 156.25 - 2 * 1.0 - 16 / 8000.0, 0.01);
+  // The same hosts with a core per rank on a 100 Gbit/s network: the direct variant.
+  TunerInput roomy = hosts(8, 16, 16);
+  roomy.network = {5.0, 12.5};
+  EXPECT_EQ(chooseAllreduce(roomy, "auto").algorithm, Algorithm::kTwoLevelDirect);
+  TunerInput one_each = hosts(8, 4, 8);
+  one_each.ranks_per_core = 1;
+  EXPECT_EQ(chooseAllreduce(one_each, "auto").algorithm, Algorithm::kTwoLevelDirect);
+  // Large messages keep the two-level ring; forced, the leader variant falls back above a slot.
+  TunerInput large = hosts(64 << 20, 2, 2);
+  large.ranks_per_core = 2;
+  EXPECT_EQ(chooseAllreduce(large, "auto").algorithm, Algorithm::kTwoLevel);
+  EXPECT_EQ(chooseAllreduce(hosts(4 << 20, 2, 2), "two_level_leader").algorithm,
+            Algorithm::kTwoLevel);
+  TunerInput flat = hosts(8, 2, 2);
+  flat.host_shm = false;
+  EXPECT_THROW(chooseAllreduce(flat, "two_level_leader"), ConfigError);
+}
+
 TEST(Tuner, NetworkFigureFromTheGraphReplacesTcpDefaults) {
   TunerInput slow = input(1 << 20, 2, false);
   slow.hosts = 2;

@@ -62,9 +62,9 @@ TEST_P(TwoLevelAllreduce, EveryDtypeOpAndCountMatchesScalarReference) {
                                    ": no per-host shared memory");
         }
         test::checkEveryAllreduce(comm, counts, [&](const std::string& ran) {
-          // two_level_direct takes messages up to one slot; larger ones fall back.
-          if (algorithm != "auto" && ran != algorithm &&
-              !(algorithm == "two_level_direct" && ran == "two_level")) {
+          // two_level_direct and _leader take messages up to one slot; larger ones fall back.
+          const bool one_slot = algorithm == "two_level_direct" || algorithm == "two_level_leader";
+          if (algorithm != "auto" && ran != algorithm && !(one_slot && ran == "two_level")) {
             throw std::runtime_error("ran " + ran + ", not " + algorithm);
           }
         });
@@ -77,7 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, TwoLevelAllreduce,
     ::testing::Combine(::testing::Values(std::vector<int>{2, 2}, std::vector<int>{2, 2, 2},
                                          std::vector<int>{1, 2, 3}, std::vector<int>{3, 1}),
-                       ::testing::Values("two_level", "two_level_direct", "auto")),
+                       ::testing::Values("two_level", "two_level_direct", "two_level_leader",
+                                         "auto")),
     [](const auto& info) {
       return "hosts_" + layoutName(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
     });

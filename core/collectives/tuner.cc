@@ -24,24 +24,25 @@ std::string_view name(Algorithm algorithm) {
       return "two_level";
     case Algorithm::kTwoLevelDirect:
       return "two_level_direct";
+    case Algorithm::kTwoLevelLeader:
+      return "two_level_leader";
   }
   return "unknown";
 }
 
 bool parseAlgorithm(const std::string& text, Algorithm& out) {
   if (text.empty() || text == "auto") return false;
-  for (Algorithm a :
-       {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kShmDirect,
-        Algorithm::kShmReduceScatterGather, Algorithm::kTwoLevel, Algorithm::kTwoLevelDirect}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kShmDirect,
+                      Algorithm::kShmReduceScatterGather, Algorithm::kTwoLevel,
+                      Algorithm::kTwoLevelDirect, Algorithm::kTwoLevelLeader}) {
     if (name(a) == text) {
       out = a;
       return true;
     }
   }
-  throw ConfigError(
-      "RAILSHARD_ALGO: unknown algorithm '" + text +
-      "' (expected auto, ring, recursive_doubling, shm_direct, shm_rsag, two_level or "
-      "two_level_direct)");
+  throw ConfigError("RAILSHARD_ALGO: unknown algorithm '" + text +
+                    "' (expected auto, ring, recursive_doubling, shm_direct, shm_rsag, two_level, "
+                    "two_level_direct or two_level_leader)");
 }
 
 // Figures measured on the development machine (docs/benchmarks.md): a cross-core flag
@@ -133,7 +134,8 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       if (chunks <= 1) return in_host + across;
       return std::max(in_host, across) + (in_host + across) / chunks;
     }
-    case Algorithm::kTwoLevelDirect: {
+    case Algorithm::kTwoLevelDirect:
+    case Algorithm::kTwoLevelLeader: {
       if (!input.host_shm || input.hosts < 2 || input.bytes > input.shm_slot_bytes)
         return std::numeric_limits<double>::infinity();
       const LinkModel s = sharedMemoryModel(input);
@@ -141,11 +143,20 @@ double estimateMicros(Algorithm algorithm, const TunerInput& input) {
       const double l = input.ranks_per_host;
       const double rounds = std::ceil(std::log2(static_cast<double>(input.hosts)));
       const bool power_of_two = std::exp2(rounds) == input.hosts;
-      // One synchronisation in the host, then every local rank exchanges the whole message
-      // across hosts at once (l copies share the host's link).
-      return 2 * s.alpha_us + transfer(bytes * (l + 2), s) +
-             (rounds + (power_of_two ? 0 : 2)) * (m.alpha_us + transfer(bytes * l, m)) +
-             rounds * bytes / (reduce_gbps * 1e3);
+      const double exchanges = rounds + (power_of_two ? 0 : 2);
+      // One synchronisation in the host leaves its sum with every local rank.
+      const double host_sum = 2 * s.alpha_us + transfer(bytes * (l + 2), s);
+      const double reductions = rounds * bytes / (reduce_gbps * 1e3);
+      if (algorithm == Algorithm::kTwoLevelDirect) {
+        // Every local rank exchanges the whole message across hosts at once: l copies share
+        // the host's link, and its cores where there are fewer than l.
+        const double crowded = std::max(1.0, input.ranks_per_core);
+        return host_sum + exchanges * (m.alpha_us * crowded + transfer(bytes * l, m)) + reductions;
+      }
+      // One rank per host across, then a broadcast in the host (the leader's copy in,
+      // everyone's copy out).
+      return host_sum + exchanges * (m.alpha_us + transfer(bytes, m)) + reductions +
+             2 * s.alpha_us + transfer(bytes * 2, s);
     }
   }
   return std::numeric_limits<double>::infinity();
@@ -161,16 +172,19 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
                         " needs shared memory, which this communicator does not have "
                         "(ranks on several hosts, or RAILSHARD_TRANSPORT=tcp)");
     }
-    const bool needs_hosts =
-        forced_algorithm == Algorithm::kTwoLevel || forced_algorithm == Algorithm::kTwoLevelDirect;
+    const bool needs_hosts = forced_algorithm == Algorithm::kTwoLevel ||
+                             forced_algorithm == Algorithm::kTwoLevelDirect ||
+                             forced_algorithm == Algorithm::kTwoLevelLeader;
     if (needs_hosts && !input.host_shm) {
       throw ConfigError("RAILSHARD_ALGO=" + forced +
                         " needs several hosts whose ranks share memory, which this "
                         "communicator does not have (one host, one rank per host, or "
                         "RAILSHARD_TRANSPORT=tcp)");
     }
-    if (forced_algorithm == Algorithm::kTwoLevelDirect && input.bytes > input.shm_slot_bytes) {
-      return {Algorithm::kTwoLevel, "RAILSHARD_ALGO=two_level_direct, message larger than a slot"};
+    const bool one_slot = forced_algorithm == Algorithm::kTwoLevelDirect ||
+                          forced_algorithm == Algorithm::kTwoLevelLeader;
+    if (one_slot && input.bytes > input.shm_slot_bytes) {
+      return {Algorithm::kTwoLevel, "RAILSHARD_ALGO=" + forced + ", message larger than a slot"};
     }
     // shm_direct only fits messages up to one slot; larger ones fall back to shm_rsag.
     if (forced_algorithm == Algorithm::kShmDirect && input.bytes > input.shm_slot_bytes) {
@@ -185,9 +199,9 @@ TunerChoice chooseAllreduce(const TunerInput& input, const std::string& forced, 
   if (explain) reason.emplace();
   Algorithm best = Algorithm::kRing;
   double best_cost = std::numeric_limits<double>::infinity();
-  for (Algorithm a :
-       {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
-        Algorithm::kRecursiveDoubling, Algorithm::kTwoLevel, Algorithm::kTwoLevelDirect}) {
+  for (Algorithm a : {Algorithm::kShmDirect, Algorithm::kShmReduceScatterGather, Algorithm::kRing,
+                      Algorithm::kRecursiveDoubling, Algorithm::kTwoLevel,
+                      Algorithm::kTwoLevelDirect, Algorithm::kTwoLevelLeader}) {
     // One host with a segment: shared memory only. Loopback TCP moves the same bytes through
     // the same memory plus the kernel, so it wins only when a start-up measurement was
     // unlucky (a loaded moment inflates the hand-off time); and every collective on one host

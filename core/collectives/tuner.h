@@ -13,6 +13,7 @@ enum class Algorithm {
   // Several hosts with several ranks each (core/collectives/two_level.h):
   kTwoLevel,        // reduce-scatter in the host, ring across hosts per block, all-gather
   kTwoLevelDirect,  // host sum in shared memory, recursive doubling across hosts
+  kTwoLevelLeader,  // the same with one rank per host across, then a broadcast in the host
 };
 
 std::string_view name(Algorithm algorithm);
@@ -45,6 +46,10 @@ struct TunerInput {
   // reduction rate stand in.
   LinkModel shm_link{0, 0};
   double reduce_gbps = 0;
+  // The most ranks per core on any host (>= 1; measured at start-up, agreed by all ranks):
+  // where a host's ranks outnumber its cores, their simultaneous messages queue for the cores
+  // (each wakes a thread), so the network's α of L ranks crossing at once grows by this.
+  double ranks_per_core = 1;
 };
 
 struct TunerChoice {

@@ -156,6 +156,42 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
   }
 }
 
+void twoLevelLeaderAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                             const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op) {
+  const size_t bytes = count * sizeOf(dtype);
+  const ReduceOp each = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const auto& mine =
+      layout.hosts[static_cast<size_t>(layout.host_of[static_cast<size_t>(ctx.rank)])];
+  const bool leader = mine.front() == ctx.rank;
+  if (leader) {
+    uint8_t* host_sum = ctx.workspace.get(kHostSumSlot, std::max<size_t>(1, bytes));
+    if (host == nullptr) {
+      if (bytes > 0) std::memcpy(host_sum, send, bytes);
+    } else {
+      twoLevelInHost(ctx, "host_reduce",
+                     [&] { host->allreduceDirect(send, host_sum, count, dtype, each, ctx.tag); });
+    }
+    trace::Span span(trace::Category::kPhase, "cross_host");
+    std::vector<int> leaders;
+    for (const auto& ranks : layout.hosts) leaders.push_back(ranks.front());
+    transport::GroupView view(ctx.transport, leaders);
+    recursiveDoublingAllreduce(over(ctx, view), host_sum, recv, count, dtype, each);
+    if (op == ReduceOp::kAvg && count > 0) {
+      kernels::divide(recv, count, dtype, static_cast<size_t>(ctx.size));
+    }
+  } else {
+    // Every rank of the host takes part in the host's sum (the leader alone keeps it); the
+    // others then sleep in the broadcast while the leader is across, their cores its.
+    twoLevelInHost(ctx, "host_reduce",
+                   [&] { host->allreduceDirect(send, recv, count, dtype, each, ctx.tag); });
+  }
+  if (host == nullptr) return;
+  const int local_leader = layout.local_rank_of[static_cast<size_t>(mine.front())];
+  twoLevelInHost(ctx, "host_broadcast",
+                 [&] { host->broadcast(recv, recv, count, dtype, local_leader, ctx.tag); });
+}
+
 void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& layout,
                        const void* send, void* recv, size_t count, DataType dtype, int root) {
   const int root_host = layout.host_of[static_cast<size_t>(root)];

@@ -42,6 +42,16 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
                              const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op);
 
+// Small messages on hosts with more ranks than cores: the host's sum in shared memory (one
+// synchronisation), then only each host's first rank crosses the network (recursive doubling
+// over the hosts' leaders), and it broadcasts the result in the host. Against the direct
+// variant: one more synchronisation in the host, and 1/L of its network messages — which,
+// where L ranks share fewer than L cores, queue for them (each message wakes a thread).
+// Needs count * size(dtype) <= host->slotBytes().
+void twoLevelLeaderAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                             const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op);
+
 // Reduce-scatter (rank d gets block d of the reduced buffer): each host reduces its share of
 // every block in shared memory at the block's handler (blockHandler), which sends it straight
 // to the block's owner; the owner reduces the H-1 partial sums it receives with its host's.
