@@ -117,13 +117,27 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
             return "rank " + std::to_string(prev_rank_) +
                    " (its predecessor in the start-up ring) did not connect";
           });
-  // The successor's reply: it took this rank's hello.
-  tcp::Hello reply;
-  try {
-    tcp::recvAll(next_.get(), &reply, sizeof(reply), deadline, to);
-  } catch (const PeerLostError&) {
-    throw PeerLostError(refusedText(to));
+  // The successor's reply: it took this rank's hello. Or why not: it read the hello and
+  // closed (refused it), or the connection was reset, never taken (it gave up or exited).
+  for (;;) {
+    char byte = 0;
+    const ssize_t n = ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) break;
+    if (n == 0) throw PeerLostError(refusedText(to));
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      throw PeerLostError(to + ": rank " + std::to_string(next_rank_) +
+                          " went away before taking this rank's hello (it gave up or exited: "
+                          "its own error says why; " +
+                          tcp::errnoText(errno) + ")");
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) throw TimeoutError(to + ": no reply to its hello");
+    pollfd one{next_.get(), POLLIN, 0};
+    ::poll(&one, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
   }
+  tcp::Hello reply;
+  tcp::recvAll(next_.get(), &reply, sizeof(reply), deadline, to);
   if (reply.magic != tcp::kHelloMagic || static_cast<int>(reply.rank) != next_rank_) {
     throw ProtocolError(to + ": unexpected reply to its hello");
   }
@@ -132,9 +146,10 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
 }
 
 bool RingExchange::refusedByNext() const {
+  // An orderly close (the hello read, then closed); a reset is a listener that went away with
+  // the connection still in its backlog.
   char byte = 0;
-  const ssize_t n = ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  return ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 std::string RingExchange::refusedText(const std::string& what) const {

@@ -40,7 +40,10 @@ class RingExchange final : public Exchange {
   std::string step(const std::string& out, uint32_t origin_out, uint32_t origin_in, uint32_t call,
                    uint64_t what_hash, const std::string& what, Deadline deadline);
   std::string describeStep(const std::string& what) const;
-  // Set-up: whether the next rank closed the connection (refused this rank's hello).
+  // Set-up: whether the next rank read this rank's hello and closed the connection (refused
+  // it). A connection reset instead was never taken: the next rank closed its listener (it
+  // gave up on a wait of its own, or exited), which is no reason to stop waiting for the
+  // previous rank — its absence, if it is absent, is the error to report.
   bool refusedByNext() const;
   std::string refusedText(const std::string& what) const;
 
