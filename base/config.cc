@@ -215,8 +215,8 @@ const std::vector<Config::Variable>& Config::variables() {
        [](Config& c, const std::string& v) { c.rdma.connect = laneConnectFrom(v); }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
-       "shm_rsag, two_level or two_level_direct (several hosts with several ranks each). The "
-       "choice is logged at debug level.",
+       "shm_rsag, two_level, two_level_direct or two_level_leader (several hosts with several "
+       "ranks each). The choice is logged at debug level.",
        [](Config& c, const std::string& v) { c.algorithm = v; }},
       {"RAILSHARD_SHM_SLOT_BYTES", "auto",
        "Shared-memory staging slot per rank and step (suffix K, M, G); larger messages are "

@@ -83,7 +83,8 @@ class Channels {
   // RAILSHARD_SHM_CROSS_READ=auto: the host's ranks time the single copy read across against
   // the staged path and all take what was faster (collectives::probeCrossRead).
   void chooseReadPath(int local_rank);
-  void agreeOnMeasuredLinks(const std::vector<std::string>& segments);
+  void agreeOnMeasuredLinks(const std::vector<std::string>& segments,
+                            const std::vector<std::string>& identities);
   // channels.cc: how the sockets to every peer are made (connect()), the messengers and their
   // links; the segment's and the group's errors as one.
   transport::links::tcp::ConnectOptions connectOptions() const;

@@ -107,7 +107,7 @@ void Channels::setUpHost(Store& store, transport::bootstrap::Exchange& exchange)
       layout_->hosts[static_cast<size_t>(layout_->host_of[static_cast<size_t>(rank)])];
   const std::vector<std::string> segments = exchange.allGather(
       mine.size() > 1 ? mapHostSegment(store, mine) : std::string(), "host segments");
-  agreeOnMeasuredLinks(segments);
+  agreeOnMeasuredLinks(segments, identities);
   if (layout_->hostCount() == 1 || !layout_->twoLevel()) return;
   // Two levels only if every host with several ranks has its segment: each host's leader
   // told every rank its segment's slot (nothing when it could not make one), so all of them
@@ -257,16 +257,14 @@ std::string Channels::measureHost(int leader) {
   if (options_.rank != leader) return std::string();
   const double beta = collectives::measureCopyGBps(kProbeBytes);
   const double reduce = collectives::measureReduceGBps(kProbeBytes);
-  // And how crowded the host's cores are: its ranks over the cores this process may run on
-  // (its ranks' own sets are not known here; ranks bound one core each look crowded, and get
-  // the leader variant for small all-reduces, which costs them one hand-off).
-  const double per_core = static_cast<double>(engine_->size()) /
-                          static_cast<double>(transport::messaging::allowedCores());
+  // And the cores this process may run on, for how crowded they are (agreeOnMeasuredLinks).
   return std::to_string(engine_->slotBytes()) + " " + std::to_string(alpha) + " " +
-         std::to_string(beta) + " " + std::to_string(reduce) + " " + std::to_string(per_core);
+         std::to_string(beta) + " " + std::to_string(reduce) + " " +
+         std::to_string(transport::messaging::allowedCores());
 }
 
-void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
+void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments,
+                                    const std::vector<std::string>& identities) {
   // The leader of every host that mapped a segment measured it; every rank has them all and
   // takes the slowest host's figures, so all ranks feed the tuner the same numbers (and so
   // choose the same algorithms). Hosts that could not map a segment sent no figures.
@@ -281,13 +279,23 @@ void Channels::agreeOnMeasuredLinks(const std::vector<std::string>& segments) {
     double alpha = 0;
     double beta = 0;
     double reduce = 0;
-    double per_core = 0;
-    if (std::sscanf(text.c_str(), "%llu %lf %lf %lf %lf", &slot, &alpha, &beta, &reduce,
-                    &per_core) != 5) {
+    double cores = 0;
+    if (std::sscanf(text.c_str(), "%llu %lf %lf %lf %lf", &slot, &alpha, &beta, &reduce, &cores) !=
+            5 ||
+        cores < 1) {
       throw ProtocolError("rank " + std::to_string(leader) + " sent unreadable link figures '" +
                           text + "'");
     }
-    agreed.ranks_per_core = std::max(agreed.ranks_per_core, per_core);
+    // How crowded the host's cores are: the job's ranks on its machine (not only the host's:
+    // "hosts" that are namespaces of one box share its cores) over the leader's allowed cores.
+    // Ranks bound to one core each look crowded by this (their own sets are not known here),
+    // and get the leader variant for small all-reduces, which costs them one hand-off.
+    const std::string machine =
+        transport::links::shm::machineOf(identities[static_cast<size_t>(leader)]);
+    const auto sharing = std::count_if(identities.begin(), identities.end(), [&](const auto& id) {
+      return transport::links::shm::machineOf(id) == machine;
+    });
+    agreed.ranks_per_core = std::max(agreed.ranks_per_core, static_cast<double>(sharing) / cores);
     if (!any) {
       agreed.shm = {alpha, beta};
       agreed.reduce_gbps = reduce;

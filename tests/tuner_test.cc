@@ -114,6 +114,14 @@ TEST(Tuner, CrowdedHostsSendOneRankPerHostAcrossForSmallMessages) {
   const double direct = estimateMicros(Algorithm::kTwoLevelDirect, crowded);
   const double leader = estimateMicros(Algorithm::kTwoLevelLeader, crowded);
   EXPECT_NEAR(direct - leader, 4 * 30 * 7 + 4 * (128 - 8) / 156.25 - 2 * 1.0 - 16 / 8000.0, 0.01);
+  // Flat recursive doubling's rounds queue for the cores too: with a slow hand-off measured
+  // (30 us) it still does not beat the leader variant (it did, by the bare α, and took 65-100
+  // ms against the leader's 10 ms on 16 namespaced hosts x 16 ranks).
+  TunerInput slow_hand_off = crowded;
+  slow_hand_off.shm_link = {30.0, 8.0};
+  EXPECT_EQ(chooseAllreduce(slow_hand_off, "auto").algorithm, Algorithm::kTwoLevelLeader);
+  const double flat_rounds = estimateMicros(Algorithm::kRecursiveDoubling, slow_hand_off);
+  EXPECT_NEAR(flat_rounds, 8 * (30 * 8 + 8 / 156.25) + 8 * 8 / 2000.0, 0.01);
   // The same hosts with a core per rank on a 100 Gbit/s network: the direct variant.
   TunerInput roomy = hosts(8, 16, 16);
   roomy.network = {5.0, 12.5};

@@ -46,8 +46,8 @@ ReadProbe probeCrossRead(ShmEngine& engine, const transport::MessageTag& tag, si
 struct MeasuredLinks {
   LinkModel shm{0, 0};     // shared memory: α per hand-off, β of copies; 0 = not measured
   double reduce_gbps = 0;  // 0 = not measured
-  // The most ranks per core of any host with a segment: its ranks over its leader's allowed
-  // cores (TunerInput::ranks_per_core), at least 1.
+  // The most ranks per core of any host with a segment: the job's ranks on its machine over
+  // its leader's allowed cores (TunerInput::ranks_per_core), at least 1.
   double ranks_per_core = 1;
 };
 

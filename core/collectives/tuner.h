@@ -46,9 +46,11 @@ struct TunerInput {
   // reduction rate stand in.
   LinkModel shm_link{0, 0};
   double reduce_gbps = 0;
-  // The most ranks per core on any host (>= 1; measured at start-up, agreed by all ranks):
-  // where a host's ranks outnumber its cores, their simultaneous messages queue for the cores
-  // (each wakes a thread), so the network's α of L ranks crossing at once grows by this.
+  // The most ranks per core on any host's machine (>= 1; the job's ranks on that machine over
+  // its leader's cores, agreed by all ranks at start-up): where ranks outnumber the cores,
+  // their simultaneous messages queue for them (each wakes a thread), so the α of the
+  // algorithms in which every rank of a host sends at once (flat ones, the direct variant,
+  // the two-level rings) grows by this.
   double ranks_per_core = 1;
 };
 

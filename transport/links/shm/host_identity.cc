@@ -20,4 +20,9 @@ std::string hostIdentity() {
   return std::string(host) + "/" + boot_id + "/" + shm;
 }
 
+std::string machineOf(const std::string& identity) {
+  const size_t slash = identity.find('/');
+  return slash == std::string::npos ? identity : identity.substr(slash + 1);
+}
+
 }  // namespace railshard::transport::links::shm
