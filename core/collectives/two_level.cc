@@ -30,6 +30,21 @@ Context over(const Context& ctx, transport::GroupView& view) {
                  ctx.timeout, ctx.tag,     ctx.workspace};
 }
 
+// The host's sum of `send` (`each` over its ranks' inputs, one shared-memory step), kept in the
+// workspace; a rank alone on its host has its own input there.
+const uint8_t* hostSum(const Context& ctx, ShmEngine* host, const void* send, size_t count,
+                       DataType dtype, ReduceOp each) {
+  const size_t bytes = count * sizeOf(dtype);
+  uint8_t* sum = ctx.workspace.get(kHostSumSlot, std::max<size_t>(1, bytes));
+  if (host == nullptr) {
+    if (bytes > 0) std::memcpy(sum, send, bytes);
+  } else {
+    twoLevelInHost(ctx, "host_reduce",
+                   [&] { host->allreduceDirect(send, sum, count, dtype, each, ctx.tag); });
+  }
+  return sum;
+}
+
 // Chunks of a pipelined two-level all-reduce: at most kChunks, none below kMinChunkBytes
 // (each chunk's ring pays a few round trips to start; fewer, larger chunks lengthen only the
 // pipeline's fill and drain: the first chunk's reduce-scatter and the last one's all-gather).
@@ -134,17 +149,10 @@ void twoLevelAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& la
 void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
                              const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op) {
-  const size_t bytes = count * sizeOf(dtype);
   const ReduceOp each = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  // The host's sum stays aside: a rank in several groups (a host with fewer ranks than
-  // others) starts each group's all-reduce from it.
-  uint8_t* host_sum = ctx.workspace.get(kHostSumSlot, std::max<size_t>(1, bytes));
-  if (host == nullptr) {
-    if (bytes > 0) std::memcpy(host_sum, send, bytes);
-  } else {
-    twoLevelInHost(ctx, "host_reduce",
-                   [&] { host->allreduceDirect(send, host_sum, count, dtype, each, ctx.tag); });
-  }
+  // A rank in several groups (a host with fewer ranks than others) starts each group's
+  // all-reduce from the host's sum.
+  const uint8_t* host_sum = hostSum(ctx, host, send, count, dtype, each);
   trace::Span span(trace::Category::kPhase, "cross_host");
   for (const auto& members : directGroups(layout)) {
     if (!contains(members, ctx.rank)) continue;
@@ -159,19 +167,13 @@ void twoLevelDirectAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
 void twoLevelLeaderAllreduce(const Context& ctx, ShmEngine* host, const HostLayout& layout,
                              const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op) {
-  const size_t bytes = count * sizeOf(dtype);
   const ReduceOp each = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  // Every rank of the host takes part in its sum; the others then sleep in the broadcast
+  // while the leader is across, their cores its.
+  const uint8_t* host_sum = hostSum(ctx, host, send, count, dtype, each);
   const auto& mine =
       layout.hosts[static_cast<size_t>(layout.host_of[static_cast<size_t>(ctx.rank)])];
-  const bool leader = mine.front() == ctx.rank;
-  if (leader) {
-    uint8_t* host_sum = ctx.workspace.get(kHostSumSlot, std::max<size_t>(1, bytes));
-    if (host == nullptr) {
-      if (bytes > 0) std::memcpy(host_sum, send, bytes);
-    } else {
-      twoLevelInHost(ctx, "host_reduce",
-                     [&] { host->allreduceDirect(send, host_sum, count, dtype, each, ctx.tag); });
-    }
+  if (mine.front() == ctx.rank) {
     trace::Span span(trace::Category::kPhase, "cross_host");
     std::vector<int> leaders;
     for (const auto& ranks : layout.hosts) leaders.push_back(ranks.front());
@@ -180,11 +182,6 @@ void twoLevelLeaderAllreduce(const Context& ctx, ShmEngine* host, const HostLayo
     if (op == ReduceOp::kAvg && count > 0) {
       kernels::divide(recv, count, dtype, static_cast<size_t>(ctx.size));
     }
-  } else {
-    // Every rank of the host takes part in the host's sum (the leader alone keeps it); the
-    // others then sleep in the broadcast while the leader is across, their cores its.
-    twoLevelInHost(ctx, "host_reduce",
-                   [&] { host->allreduceDirect(send, recv, count, dtype, each, ctx.tag); });
   }
   if (host == nullptr) return;
   const int local_leader = layout.local_rank_of[static_cast<size_t>(mine.front())];
