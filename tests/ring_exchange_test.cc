@@ -117,6 +117,36 @@ TEST(RingExchange, ARankThatNeverComesIsATimeoutNamingIt) {
       errors[2], "rank 1 (its predecessor in the start-up ring) did not connect", "rank 2");
 }
 
+// A successor that goes away with this rank's connection still in its backlog (its listener
+// closed: it gave up on a wait of its own, or exited) resets the connection. That is not a
+// refusal (no "a different RAILSHARD_TOKEN?"): the rank goes on waiting for its predecessor and
+// reports its absence at its deadline — also after the reset, when the socket reads as closed.
+TEST(RingExchange, ASuccessorThatWentAwayIsNotARefusal) {
+  Server store;
+  launcher::TcpStore client(store.address(), kToken, 30s);
+  // Rank 1 of 2, whose successor and predecessor are rank 0: here a listener that takes
+  // nothing and closes 200 ms after rank 1 has connected.
+  transport::links::tcp::Fd listener = transport::links::tcp::listenOn(
+      transport::links::tcp::resolve("127.0.0.1:0", "the successor's listener"));
+  client.setString("job/boot/0", transport::links::tcp::localAddress(listener.get()).toString(),
+                   5s);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(200ms);
+    listener.reset();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr error;
+  try {
+    RingExchange ring(client, ringOptions(1, 2, 1s));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  closer.join();
+  test::expectError<TimeoutError>(
+      error, "rank 0 (its predecessor in the start-up ring) did not connect", "rank 1");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 900ms);
+}
+
 TEST(RingExchange, ARankGoneMidExchangeIsPeerLostOnItsNeighbours) {
   Server store;
   constexpr int kSize = 4;

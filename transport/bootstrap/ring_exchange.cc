@@ -88,7 +88,7 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
           [&] {
             // The successor closing the connection, before its reply, refused this rank's
             // hello (it logs why): say so now rather than wait out the deadline.
-            if (refusedByNext()) throw PeerLostError(refusedText(to));
+            if (nextState() == NextState::kRefused) throw PeerLostError(refusedText(to));
             return prev_.valid();
           },
           [&](const tcp::ReceivedHello& received, int) {
@@ -117,18 +117,14 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
             return "rank " + std::to_string(prev_rank_) +
                    " (its predecessor in the start-up ring) did not connect";
           });
-  // The successor's reply: it took this rank's hello. Or why not: it read the hello and
-  // closed (refused it), or the connection was reset, never taken (it gave up or exited).
-  for (;;) {
-    char byte = 0;
-    const ssize_t n = ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) break;
-    if (n == 0) throw PeerLostError(refusedText(to));
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+  // The successor's reply: it took this rank's hello. Or why not.
+  for (NextState state = nextState(); state != NextState::kReplied; state = nextState()) {
+    if (state == NextState::kRefused) throw PeerLostError(refusedText(to));
+    if (state == NextState::kGone) {
       throw PeerLostError(to + ": rank " + std::to_string(next_rank_) +
                           " went away before taking this rank's hello (it gave up or exited: "
                           "its own error says why; " +
-                          tcp::errnoText(errno) + ")");
+                          next_gone_ + ")");
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -145,11 +141,15 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
   tcp::setNonBlocking(prev_.get(), true);
 }
 
-bool RingExchange::refusedByNext() const {
-  // An orderly close (the hello read, then closed); a reset is a listener that went away with
-  // the connection still in its backlog.
+RingExchange::NextState RingExchange::nextState() {
+  if (!next_gone_.empty()) return NextState::kGone;
   char byte = 0;
-  return ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  const ssize_t n = ::recv(next_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return NextState::kReplied;
+  if (n == 0) return NextState::kRefused;  // an orderly close: the hello read, then closed
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return NextState::kWaiting;
+  next_gone_ = tcp::errnoText(errno);
+  return NextState::kGone;
 }
 
 std::string RingExchange::refusedText(const std::string& what) const {

@@ -40,19 +40,22 @@ class RingExchange final : public Exchange {
   std::string step(const std::string& out, uint32_t origin_out, uint32_t origin_in, uint32_t call,
                    uint64_t what_hash, const std::string& what, Deadline deadline);
   std::string describeStep(const std::string& what) const;
-  // Set-up: whether the next rank read this rank's hello and closed the connection (refused
-  // it). A connection reset instead was never taken: the next rank closed its listener (it
-  // gave up on a wait of its own, or exited), which is no reason to stop waiting for the
-  // previous rank — its absence, if it is absent, is the error to report.
-  bool refusedByNext() const;
+  // Set-up: what the next rank did with this rank's hello so far. Refused: it read the hello
+  // and closed the connection. Gone: the connection was reset, never taken — the next rank
+  // closed its listener (it gave up on a wait of its own, or exited), which is no reason to
+  // stop waiting for the previous rank: its absence, if it is absent, is the error to report.
+  // Gone is remembered: a reset is reported once, and the socket reads as closed after it.
+  enum class NextState { kWaiting, kReplied, kRefused, kGone };
+  NextState nextState();
   std::string refusedText(const std::string& what) const;
 
   RingOptions options_;
   int next_rank_ = 0;
   int prev_rank_ = 0;
-  links::tcp::Fd next_;  // connected to the next rank
-  links::tcp::Fd prev_;  // accepted from the previous rank
-  uint32_t calls_ = 0;   // all-gathers so far: each carries its number
+  links::tcp::Fd next_;    // connected to the next rank
+  std::string next_gone_;  // why the connection to the next rank was reset ("": it was not)
+  links::tcp::Fd prev_;    // accepted from the previous rank
+  uint32_t calls_ = 0;     // all-gathers so far: each carries its number
 };
 
 }  // namespace railshard::transport::bootstrap
