@@ -213,6 +213,12 @@ const std::vector<Config::Variable>& Config::variables() {
        "default, so a rank that talks to few of many peers saves most of it). auto: lazy "
        "when the rank has more than 8 RDMA peers.",
        [](Config& c, const std::string& v) { c.rdma.connect = laneConnectFrom(v); }},
+      {"RAILSHARD_TCP_CONNECT", "auto",
+       "When a rank opens its TCP connection to a peer on another host: eager (to every such "
+       "peer at start-up) or lazy (when the pair first sends or receives: the first message "
+       "waits for one connection, about a round trip; a rank holds sockets only to the peers "
+       "its collectives and messages use). auto: lazy when the job has more than 64 ranks.",
+       [](Config& c, const std::string& v) { c.links.tcp_connect = tcpConnectFrom(v); }},
       {"RAILSHARD_ALGO", "auto",
        "All-reduce algorithm: auto (cost model), ring, recursive_doubling, shm_direct, "
        "shm_rsag, two_level, two_level_direct or two_level_leader (several hosts with several "
@@ -463,6 +469,9 @@ const Names<RendezvousVerb> kRendezvousVerbNames{"RAILSHARD_IB_RENDEZVOUS_VERB",
 const Names<LaneConnect> kLaneConnectNames{
     "RAILSHARD_IB_CONNECT",
     {{LaneConnect::kAuto, "auto"}, {LaneConnect::kEager, "eager"}, {LaneConnect::kLazy, "lazy"}}};
+const Names<LaneConnect> kTcpConnectNames{
+    "RAILSHARD_TCP_CONNECT",
+    {{LaneConnect::kAuto, "auto"}, {LaneConnect::kEager, "eager"}, {LaneConnect::kLazy, "lazy"}}};
 const Names<WaitMode> kWaitModeNames{
     "RAILSHARD_WAIT",
     {{WaitMode::kAuto, "auto"}, {WaitMode::kSpin, "spin"}, {WaitMode::kSleep, "sleep"}}};
@@ -526,6 +535,9 @@ RendezvousVerb rendezvousVerbFrom(const std::string& text) {
 LaneConnect laneConnectFrom(const std::string& text) {
   return kLaneConnectNames.from(text);
 }
+LaneConnect tcpConnectFrom(const std::string& text) {
+  return kTcpConnectNames.from(text);
+}
 NcclMode ncclModeFrom(const std::string& text) {
   return kNcclNames.from(text);
 }
@@ -573,6 +585,7 @@ std::string Config::describe() const {
       << " topo_file=" << (topo_file.empty() ? "-" : topo_file) << " probe=" << (probe ? "1" : "0")
       << " rail_weights=" << name(links.weights) << " stripe_tcp=" << (links.stripe_tcp ? "1" : "0")
       << " sockets_per_rail=" << links.sockets_per_rail
+      << " tcp_connect=" << name(links.tcp_connect)
       << " rail_timeout=" << links.rail_timeout.count() / 1000.0 << "s"
       << " trace=" << (trace_dir.empty() ? "-" : trace_dir) << " trace_events=" << trace_events
       << " metrics=" << (metrics_path.empty() ? "-" : metrics_path)

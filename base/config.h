@@ -45,6 +45,7 @@ NcclMode ncclModeFrom(const std::string& text);
 CrossRead crossReadFrom(const std::string& text);
 RendezvousVerb rendezvousVerbFrom(const std::string& text);
 LaneConnect laneConnectFrom(const std::string& text);
+LaneConnect tcpConnectFrom(const std::string& text);  // RAILSHARD_TCP_CONNECT's names
 WaitMode waitModeFrom(const std::string& text);
 LogLevel logLevelFrom(const std::string& text);
 
@@ -57,6 +58,8 @@ struct LinkConfig {
   RailWeights weights = RailWeights::kAdaptive;  // RAILSHARD_RAIL_WEIGHTS
   bool stripe_tcp = false;   // RAILSHARD_STRIPE_TCP: RDMA pairs also stripe over their TCP rails
   int sockets_per_rail = 1;  // RAILSHARD_SOCKETS_PER_RAIL
+  // RAILSHARD_TCP_CONNECT: when the TCP connection of a pair is made (start-up or first use).
+  LaneConnect tcp_connect = LaneConnect::kAuto;
   // RAILSHARD_RAIL_TIMEOUT: a data link busy without progress this long, while another
   // delivered, is taken out.
   std::chrono::milliseconds rail_timeout{2000};

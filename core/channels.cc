@@ -55,6 +55,11 @@ transport::links::ibverbs::FactoryOptions rdmaOptions(const Channels::Options& o
   return ib;
 }
 
+// RAILSHARD_TCP_CONNECT=auto: up to this many ranks, every pair that talks over TCP connects at
+// start-up (its errors there, and no first message that waits for a connection); beyond, a
+// rank would hold a socket to nearly every rank.
+constexpr int kEagerTcpRanks = 64;
+
 }  // namespace
 
 Channels::Channels(const Options& options) : options_(options) {}
@@ -95,6 +100,11 @@ std::unique_ptr<Channels> Channels::connect(Store& store, const Options& options
     for (int peer = 0; peer < options.size; ++peer) {
       tcp.wanted[static_cast<size_t>(peer)] = !channels->throughSegment(peer);
     }
+    // And of those, at a large job's start-up none: a pair's connection is made when it is
+    // first used, so that a rank holds sockets to the peers its collectives and messages use
+    // (a ring's two neighbours, log2 partners), not to every rank of every other host (1,016
+    // at 128 hosts x 8 ranks, past the usual 1,024 descriptors a process may open).
+    if (channels->tcpLazy()) tcp.lazy.assign(static_cast<size_t>(options.size), true);
     transport::links::tcp::Connections sockets = transport::links::tcp::connectPeers(exchange, tcp);
     const double sockets_ms = lap();
     channels->connectLinks(exchange, std::move(sockets));
@@ -133,6 +143,12 @@ transport::links::tcp::ConnectOptions Channels::connectOptions() const {
   return tcp;
 }
 
+bool Channels::tcpLazy() const {
+  const LaneConnect mode = options_.config->links.tcp_connect;
+  return mode == LaneConnect::kLazy ||
+         (mode == LaneConnect::kAuto && options_.size > kEagerTcpRanks);
+}
+
 bool Channels::throughSegment(int peer) const {
   // An RDMA lane never joins a pair of one host when a segment exists (RAILSHARD_TRANSPORT=
   // ibverbs, which puts every pair on RDMA, maps none), so the segment is the pair's only link.
@@ -159,6 +175,9 @@ void Channels::connectLinks(transport::bootstrap::Exchange& exchange,
   if (config.transport == TransportKind::kAuto || config.transport == TransportKind::kIbverbs) {
     auto ib = rdmaOptions(options_);
     ib.spin = mesh_->waiter().plan().poll;
+    // Lanes exchange their records over the pair's TCP connection: made on first use, they
+    // are too (the choice is the job's, so both ranks of every pair agree).
+    if (tcpLazy()) ib.rdma.connect = LaneConnect::kLazy;
     rdma = transport::links::ibverbs::planRdma(exchange, ib, mesh_->failure());
   }
 

@@ -91,6 +91,9 @@ class Channels {
   // Whether the pair talks through this host's segment (a shared-memory channel, no socket):
   // both ranks decide alike from what setUpHost agreed.
   bool throughSegment(int peer) const;
+  // Whether the TCP connections between hosts are made on first use (RAILSHARD_TCP_CONNECT;
+  // the same on every rank).
+  bool tcpLazy() const;
   void connectLinks(transport::bootstrap::Exchange& exchange,
                     transport::links::tcp::Connections connections);
   void joinErrorStates();

@@ -492,6 +492,72 @@ TEST(Messenger, LinksConnectedOnFirstUseCarryTheSendsMadeBefore) {
   EXPECT_EQ(pair.m[0]->bytesSent(0), 0u) << "the control link carries no data";
 }
 
+TEST(Messenger, BothRanksDialAFirstUseSocketAndTheHigherRanksConnectionIsKept) {
+  // A socket connected on first use (RAILSHARD_TCP_CONNECT=lazy), used by both ranks at once:
+  // each dials. The lower rank accepts the higher's dial although it dials too; the higher
+  // refuses the lower's while its own is under way; once one is taken, no second is.
+  Pair pair({socketLike("tcp", 10)}, {true}, nullptr, Duration::zero(), {false});
+  const auto sent0 = pattern(70000, 1), sent1 = pattern(300, 2);
+  std::vector<uint8_t> got0(sent1.size()), got1(sent0.size());
+  auto send0 = pair.m[0]->isend(sent0.data(), sent0.size(), tagOf(0));
+  auto recv0 = pair.m[0]->irecv(got0.data(), got0.size(), tagOf(0));
+  auto send1 = pair.m[1]->isend(sent1.data(), sent1.size(), tagOf(0));
+  auto recv1 = pair.m[1]->irecv(got1.data(), got1.size(), tagOf(0));
+  ASSERT_EQ(pair.fake[0][0]->redials, std::vector<uint32_t>{1}) << "rank 0 dials at its send";
+  ASSERT_EQ(pair.fake[1][0]->redials, std::vector<uint32_t>{1}) << "rank 1 dials at its send";
+  EXPECT_EQ(pair.fake[0][0]->posts + pair.fake[1][0]->posts, 0) << "nothing goes before it is up";
+  {
+    auto guard = pair.m[1]->guard();
+    EXPECT_FALSE(pair.m[1]->redialWantedLocked(0, 1)) << "the higher rank takes its own dial";
+  }
+  {
+    auto guard = pair.m[0]->guard();
+    EXPECT_FALSE(pair.m[0]->redialWantedLocked(0, 2)) << "only generation 1";
+    ASSERT_TRUE(pair.m[0]->redialWantedLocked(0, 1)) << "the lower rank takes the higher's";
+    pair.m[0]->dialAcceptedLocked(0);
+    EXPECT_FALSE(pair.m[0]->redialWantedLocked(0, 1)) << "one connection, not a second";
+  }
+  pair.m[0]->tick();  // an accepted dial is not dialled again
+  EXPECT_EQ(pair.fake[0][0]->redials.size(), 1u);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto guard = pair.m[rank]->guard();
+    pair.fake[rank][0]->down = false;
+    pair.m[rank]->linkUpLocked(0, 1);
+  }
+  pair.deliverAll();
+  expectDone(*pair.mesh[0], send0);
+  expectDone(*pair.mesh[1], send1);
+  expectDone(*pair.mesh[0], recv0);
+  expectDone(*pair.mesh[1], recv1);
+  EXPECT_EQ(got1, sent0);
+  EXPECT_EQ(got0, sent1);
+}
+
+TEST(Messenger, LanesConnectedOnFirstUseWaitForAFirstUseSocketToCarryTheirRecords) {
+  // Both made on first use: the lane's records go once the socket beside it is up.
+  Pair pair({socketLike("control", 1), laneLike("lane", 10)}, {false, true}, nullptr,
+            Duration::zero(), {false, false});
+  const auto sent = pattern(100000, 9);
+  std::vector<uint8_t> got(sent.size());
+  auto send = pair.m[0]->isend(sent.data(), sent.size(), tagOf(0));
+  auto recv = pair.m[1]->irecv(got.data(), got.size(), tagOf(0));
+  ASSERT_EQ(pair.fake[0][0]->redials, std::vector<uint32_t>{1});
+  EXPECT_TRUE(pair.fake[1][1]->accepted.empty() && pair.fake[0][0]->control.empty() &&
+              pair.fake[1][0]->control.empty())
+      << "no record before a link can carry it";
+  for (int rank = 0; rank < 2; ++rank) {
+    auto guard = pair.m[rank]->guard();
+    pair.fake[rank][0]->down = false;
+    pair.m[rank]->linkUpLocked(0, 1);
+  }
+  pair.deliverAll();
+  expectDone(*pair.mesh[0], send);
+  expectDone(*pair.mesh[1], recv);
+  EXPECT_EQ(got, sent);
+  EXPECT_EQ(pair.fake[0][1]->accepted, "record-lane-1");
+  EXPECT_EQ(pair.m[0]->bytesSent(1), sent.size());
+}
+
 // What an offer or a grant carries: the buffer's address and one key per link of the pair.
 TEST(MemoryDescriptor, RoundTripsAndRejectsWhatDoesNotFitThePair) {
   using transport::messaging::MemoryDescriptor;

@@ -266,6 +266,7 @@ void Messenger::tick() {
   heartbeatLocked(t);
   if (lost_) return;
   if (data_links_ > 1) checkStallsLocked(t);
+  dialFirstLocked(t);
   rejoinLocked(t);
 }
 

@@ -187,8 +187,13 @@ class Messenger {
   void quiescedLocked(int link);
   // A re-dialled link (or a first connection a driver made) is up at `generation`.
   void linkUpLocked(int link, uint32_t generation);
-  // Whether the link may be re-dialled at `generation` now (the accepting driver asks).
+  // Whether the link may be re-dialled at `generation` now (the accepting driver asks). A link
+  // connected on first use may be dialled by either rank; when both dial at once, the higher
+  // rank's connection is the one kept (each side refuses the other's dial only if it is the
+  // higher and dialling itself).
   bool redialWantedLocked(int link, uint32_t generation) const;
+  // The accepting driver took a first connection for the link: this rank dials it no more.
+  void dialAcceptedLocked(int link);
   // A one-sided move posted with `cookie` is done (`ok` false: failed, the link fails too).
   void oneSidedDoneLocked(int link, uint64_t cookie);
 
@@ -271,6 +276,10 @@ class Messenger {
   void upLocked(LinkState& link, uint32_t generation);
   void newGenerationLocked(LinkState& link, uint32_t generation);
   void wantLocked();
+  // Links connected on first use that a driver dials: dialled (again, if an attempt failed).
+  void dialFirstLocked(Clock::time_point now);
+  // Links connected by records, first use: asked for once a link that carries control is up.
+  void askRecordsLocked();
   void checkStallsLocked(Clock::time_point now);
   void heartbeatLocked(Clock::time_point now);
   void rejoinLocked(Clock::time_point now);

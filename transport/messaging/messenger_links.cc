@@ -303,8 +303,21 @@ bool Messenger::rejoinableLocked(const LinkState& link) const {
 bool Messenger::redialWantedLocked(int index, uint32_t generation) const {
   const LinkState& link = *links_.at(static_cast<size_t>(index));
   if (lost_ || failed()) return false;
-  if (link.state == State::kConnecting) return generation == link.generation + 1;
+  if (link.state == State::kConnecting) {
+    // One connection per link: not a second one while the first awaits adoption, nor the
+    // peer's while this (higher) rank's own dial is under way (the peer accepts that one).
+    if (link.connect == Connect::kAccepted) return false;
+    if (link.connect == Connect::kAsked && group_.rank > options_.peer) return false;
+    return generation == link.generation + 1;
+  }
   return rejoinableLocked(link) && generation == link.generation + 1;
+}
+
+void Messenger::dialAcceptedLocked(int index) {
+  LinkState& link = at(index);
+  if (link.state != State::kConnecting) return;
+  link.connect = Connect::kAccepted;
+  link.last_attempt = now();
 }
 
 void Messenger::newGenerationLocked(LinkState& link, uint32_t generation) {
@@ -353,6 +366,9 @@ void Messenger::upLocked(LinkState& link, uint32_t generation) {
       planLocked(op);
     }
   }
+  // Lanes connected on first use whose records waited for this connection (made on first use
+  // too) ask now.
+  if (first && link.attributes().redials) askRecordsLocked();
   pumpAllLocked();
   pumpOneSidedLocked();
 }
@@ -367,6 +383,41 @@ void Messenger::wantLocked() {
   if (wanted_) return;
   wanted_ = true;
   connect_asked_ = true;
+  dialFirstLocked(now());
+  askRecordsLocked();
+}
+
+namespace {
+
+// A first dial that has not brought its link up by then is made again: longer than a dial
+// waits for its answer (a second, TcpDriver), so that one attempt is over before the next.
+constexpr Duration kFirstDialRetry = std::chrono::milliseconds(1500);
+
+}  // namespace
+
+void Messenger::dialFirstLocked(Clock::time_point t) {
+  if (!wanted_ || lost_ || failed()) return;
+  for (auto& link : links_) {
+    if (link->state != State::kConnecting || !link->attributes().redials) continue;
+    if (link->connect != Connect::kIdle) {
+      if (t - link->last_attempt < kFirstDialRetry) continue;
+      link->connect = Connect::kIdle;  // unanswered, or accepted and never adopted
+    }
+    link->connect = Connect::kAsked;
+    link->last_attempt = t;
+    link->link->redial(link->generation + 1);
+  }
+}
+
+void Messenger::askRecordsLocked() {
+  if (!wanted_) return;
+  bool pending = false;
+  for (const auto& link : links_) {
+    pending = pending || (link->state == State::kConnecting && !link->attributes().redials);
+  }
+  // Records travel over a working link: with the TCP connection itself made on first use,
+  // they wait until it is up (upLocked asks again).
+  if (!pending || controlLinkLocked() == nullptr) return;
   if (options_.initiator) {
     for (auto& link : links_) {
       if (link->state == State::kConnecting && !link->attributes().redials &&
@@ -496,8 +547,13 @@ void Messenger::heartbeatLocked(Clock::time_point t) {
   }
   const Duration quiet = t - heard_;
   if (quiet <= timeout) return;
+  // A pair connected on first use whose connection never came up: its dials went unanswered.
+  const bool never = std::none_of(links_.begin(), links_.end(),
+                                  [](const std::unique_ptr<LinkState>& l) { return l->ever_up; });
   std::ostringstream text;
-  text << std::fixed << std::setprecision(1) << "stopped answering: nothing heard from it for "
+  text << std::fixed << std::setprecision(1)
+       << (never ? "could not be connected: no connection to " + options_.peer_address + " for "
+                 : std::string("stopped answering: nothing heard from it for "))
        << std::chrono::duration<double>(quiet).count() << " s (RAILSHARD_HEARTBEAT_TIMEOUT is "
        << std::chrono::duration<double>(timeout).count()
        << " s; the process is stopped or hung, or its host is unreachable)";

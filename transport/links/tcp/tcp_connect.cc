@@ -115,28 +115,61 @@ Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& op
   RS_LOG_DEBUG("rank {}: tcp transport listening on {} (rails: {})", rank, my_address,
                rail_listeners.empty() ? "none" : rail_listeners);
 
-  const std::string token = options.token.substr(0, kMaxToken);
-  // Connect to every lower rank; accept every higher one. Lower ranks accept only after
-  // their own connects finish, and rank 0 connects to nobody, so this cannot deadlock.
-  for (int r = 0; r < rank; ++r) {
-    if (!wanted(r)) continue;
-    std::istringstream in(published[static_cast<size_t>(r)]);
+  // How this rank reaches rank `r`: its advertised address, and the rails both ends can use
+  // (our address is here and the peer listens on its own), as (rail index, peer's listener).
+  struct Route {
     std::string address;
-    in >> address;
+    std::vector<std::pair<int, std::string>> usable;
+  };
+  auto routeTo = [&](int r) {
+    Route route;
+    std::istringstream in(published[static_cast<size_t>(r)]);
+    in >> route.address;
     const auto& rails = static_cast<size_t>(r) < options.peer_rails.size()
                             ? options.peer_rails[static_cast<size_t>(r)]
                             : std::vector<RailSpec>{};
     std::vector<std::string> their_rails;
     for (std::string one; in >> one;) their_rails.push_back(one);
-    // Rails both ends can use: our address is here and the peer listens on its own.
-    std::vector<std::pair<int, std::string>> usable;  // rail index, peer's listener
     for (size_t i = 0; i < rails.size(); ++i) {
       auto it = std::find_if(their_rails.begin(), their_rails.end(),
                              [&](const auto& l) { return ipOf(l) == rails[i].remote_address; });
       if (usable_ips.count(rails[i].local_address) > 0 && it != their_rails.end()) {
-        usable.emplace_back(static_cast<int>(i), *it);
+        route.usable.emplace_back(static_cast<int>(i), *it);
       }
     }
+    return route;
+  };
+  // Peers connected on first use: one connection each, described now (the same on both ends,
+  // as either may dial it), made by the driver when the pair is first used.
+  auto lazy = [&](int r) {
+    const size_t rails = static_cast<size_t>(r) < options.peer_rails.size()
+                             ? options.peer_rails[static_cast<size_t>(r)].size()
+                             : 0;
+    return wanted(r) && !options.lazy.empty() && options.lazy[static_cast<size_t>(r)] &&
+           rails * static_cast<size_t>(sockets) <= 1;
+  };
+  bool any_lazy = false;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || !lazy(r)) continue;
+    any_lazy = true;
+    const Route route = routeTo(r);
+    const int rail_index = route.usable.empty() ? -1 : route.usable.front().first;
+    const std::string target = route.usable.empty() ? route.address : route.usable.front().second;
+    add(r, 0, 1, rail_index, Fd(), target);
+    result.by_peer[static_cast<size_t>(r)][0].target = target;
+  }
+
+  const std::string token = options.token.substr(0, kMaxToken);
+  // Connect to every lower rank; accept every higher one. Lower ranks accept only after
+  // their own connects finish, and rank 0 connects to nobody, so this cannot deadlock.
+  for (int r = 0; r < rank; ++r) {
+    if (!wanted(r) || lazy(r)) continue;
+    const Route route = routeTo(r);
+    const std::string& address = route.address;
+    const auto& usable = route.usable;
+    const auto& rails = static_cast<size_t>(r) < options.peer_rails.size()
+                            ? options.peer_rails[static_cast<size_t>(r)]
+                            : std::vector<RailSpec>{};
     if (!rails.empty() && usable.empty()) {
       RS_LOG_WARN("rank {}: none of the {} rail(s) to rank {} is usable; using {}", rank,
                   rails.size(), r, address);
@@ -180,7 +213,7 @@ Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& op
   }
   // Higher ranks connect to us; each says in its hello how many connections it opens.
   auto complete = [&](int r) {
-    if (!wanted(r)) return true;
+    if (!wanted(r) || lazy(r)) return true;
     const auto& peer = result.by_peer[static_cast<size_t>(r)];
     if (peer.empty()) return false;
     for (const auto& c : peer) {
@@ -204,6 +237,10 @@ Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& op
     const auto& peer = result.by_peer[hello.rank];
     if (!wanted(static_cast<int>(hello.rank))) {
       return "rank " + std::to_string(hello.rank) + " is not a peer this rank connects to";
+    }
+    if (lazy(static_cast<int>(hello.rank))) {
+      return "rank " + std::to_string(hello.rank) +
+             " is connected on first use, not at start-up (RAILSHARD_TCP_CONNECT differs?)";
     }
     if (!peer.empty() && hello.channels != peer.size()) {
       return "rank " + std::to_string(hello.rank) + " announced " + std::to_string(peer.size()) +
@@ -283,8 +320,8 @@ Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& op
     }
     RS_LOG_INFO("rank {}: {} connections to rank {}: {}", rank, peer.size(), r, plan);
   }
-  // Listeners stay open only for rails that may need re-dialling.
-  if (!several) listeners.clear();
+  // Listeners stay open only for rails that may need re-dialling and peers still to connect.
+  if (!several && !any_lazy) listeners.clear();
   return result;
 }
 

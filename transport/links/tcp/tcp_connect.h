@@ -35,9 +35,15 @@ struct ConnectOptions {
   // Peers this rank connects to at all (empty: every one). Both ranks of a pair must agree
   // (core/channels: none to the ranks its host's segment serves).
   std::vector<bool> wanted;
+  // Of those, peers connected on first use rather than now (empty: none). Both ranks of a pair
+  // must agree; a pair with several connections (rails, sockets per rail) connects now all the
+  // same, as its rails are measured and striped from the first message.
+  std::vector<bool> lazy;
 };
 
-// One connection to a peer, as start-up made it.
+// One connection to a peer, as start-up made it; or, for a peer connected on first use, as it
+// is to be made (no descriptor: either rank dials `target` from `local` when the pair is first
+// used, TcpDriver).
 struct Connection {
   Fd fd;
   int channel = 0;           // among the pair's connections, the connecting rank's numbering
@@ -60,10 +66,10 @@ struct Connections {
 bootstrap::RingOptions startupRing(const ConnectOptions& options);
 
 // Listens, tells every rank the addresses through `exchange` (no store request), connects to every
-// lower rank and accepts every higher one that it wants (on each rail both ends can use,
-// `sockets_per_rail` sockets each; else one connection to the advertised address). TimeoutError
-// names the ranks that never showed up; every refused connection (a stranger, a wrong token, a
-// silent client) is logged with why.
+// lower rank and accepts every higher one that it wants now (the others: described, not made) (on
+// each rail both ends can use, `sockets_per_rail` sockets each; else one connection to the
+// advertised address). TimeoutError names the ranks that never showed up; every refused connection
+// (a stranger, a wrong token, a silent client) is logged with why.
 Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options);
 
 }  // namespace railshard::transport::links::tcp

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 
 #include "base/error.h"
 #include "base/logging.h"
@@ -59,17 +60,19 @@ uint64_t TcpDriver::tokenOf(const TcpLink& link) const {
 
 void TcpDriver::start() {
   for (TcpLink* link : links_) {
+    if (link->fd() < 0) continue;  // connected on first use: added when dialled (adopt)
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.u64 = tokenOf(*link);
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, link->fd(), &event);
   }
   progress_ = std::thread([this] { progressLoop(); });
-  // The keeper accepts re-dialled links on the listeners and dials failed links again: a side
-  // with no listener needs it too when it dials (the NCCL plugin's sending end).
+  // The keeper accepts dialled links on the listeners, the dialer dials them: a side with no
+  // listener needs the dialer when it dials (the NCCL plugin's sending end).
   bool dials = false;
   for (TcpLink* link : links_) dials = dials || link->attributes().redials;
-  if (!listeners_.empty() || dials) keeper_ = std::thread([this] { keeperLoop(); });
+  if (!listeners_.empty()) keeper_ = std::thread([this] { keeperLoop(); });
+  if (dials) dialer_ = std::thread([this] { dialerLoop(); });
 }
 
 void TcpDriver::wake() {
@@ -114,6 +117,11 @@ void TcpDriver::linger(Deadline until) {
 void TcpDriver::stop() {
   if (stopping_.exchange(true)) return;
   wake();
+  {
+    std::lock_guard<std::mutex> lock(keeper_mutex_);
+    dials_changed_.notify_all();
+  }
+  if (dialer_.joinable()) dialer_.join();
   if (keeper_.joinable()) keeper_.join();
   if (progress_.joinable()) progress_.join();
   options_.failure->removeQuiescer(quiescer_);
@@ -227,6 +235,7 @@ void TcpDriver::redial(TcpLink& link, uint32_t generation) {
     }
     dials_.push_back(Dial{&link, generation});
   }
+  dials_changed_.notify_one();
 }
 
 void TcpDriver::adopt() {
@@ -251,9 +260,10 @@ void TcpDriver::adopt() {
 // Re-admission of a link that was taken out. Once both ranks are through its failover, the
 // rank that opened the connection at start-up dials it again when the messenger says so,
 // binding its rail address; the other rank's keeper accepts only a connection the messenger
-// wants (failover complete, the next generation). The progress thread adopts the new
-// connection: a fresh stream, and the messenger's previous estimate of the link, which
-// measurement then corrects.
+// wants (failover complete, the next generation). A link connected on first use is the same
+// exchange at generation 1, dialled by whichever rank uses the pair first (or both). The progress
+// thread adopts the new connection: a fresh stream, and the messenger's previous estimate of the
+// link, which measurement then corrects.
 void TcpDriver::keeperLoop() {
   std::vector<pollfd> polled;
   for (const auto& l : listeners_) polled.push_back({l->fd.get(), POLLIN, 0});
@@ -264,12 +274,23 @@ void TcpDriver::keeperLoop() {
     for (auto& p : polled) {
       if (n > 0 && (p.revents & POLLIN)) acceptRejoin(p.fd);
     }
+  }
+}
+
+void TcpDriver::dialerLoop() {
+  // Apart from the keeper: a dial waits up to a second for the peer's answer, and the peer may
+  // be dialling this rank at the same moment (links connected on first use).
+  while (!stopping_.load()) {
     std::vector<Dial> dials;
     {
-      std::lock_guard<std::mutex> lock(keeper_mutex_);
+      std::unique_lock<std::mutex> lock(keeper_mutex_);
+      dials_changed_.wait(lock, [&] { return stopping_.load() || !dials_.empty(); });
       dials.swap(dials_);
     }
-    for (const Dial& dial : dials) dialAgain(dial);
+    for (const Dial& dial : dials) {
+      if (stopping_.load()) break;
+      dialAgain(dial);
+    }
   }
 }
 
@@ -301,7 +322,9 @@ void TcpDriver::acceptRejoin(int listen_fd) {
             "rejoin hello");
     const ReceivedHello received = parseHello(bytes);
     const Hello& hello = received.hello;
-    if (auto reason = checkHello(hello, received.token, token, options_.rank, options_.size);
+    // -1: a rank of either side may dial (a link connected on first use); this rank has no
+    // link to itself, so its own rank finds no link below.
+    if (auto reason = checkHello(hello, received.token, token, -1, options_.size);
         !reason.empty()) {
       refuse(reason);
       return;
@@ -330,6 +353,7 @@ void TcpDriver::acceptRejoin(int listen_fd) {
                      options_.rank, hello.channel, hello.rank, hello.generation);
         return;
       }
+      link->messenger().dialAcceptedLocked(link->index());
     }
     Hello ack;
     ack.rank = static_cast<uint32_t>(options_.rank);
@@ -350,16 +374,20 @@ void TcpDriver::acceptRejoin(int listen_fd) {
 
 void TcpDriver::dialAgain(const Dial& dial) {
   TcpLink& link = *dial.link;
-  const std::string what = "rank " + std::to_string(options_.rank) + " reconnecting " +
+  const std::string what = "rank " + std::to_string(options_.rank) + " dialling " +
                            link.attributes().name + " to rank " + std::to_string(link.peer());
   const std::string token = options_.token.substr(0, kMaxToken);
   int channels = 0;
   for (TcpLink* l : links_) channels += l->peer() == link.peer() ? 1 : 0;
   try {
     const Deadline deadline = deadlineAfter(std::chrono::seconds(1));
-    const SockAddr source = resolve(joinHostPort(link.localAddress(), 0), "rail address");
-    Fd fd = connectWithRetry(resolve(link.target(), what), deadline, what,
-                             link.localAddress().empty() ? nullptr : &source);
+    // A rail binds its local address; the default connection (first use) lets the kernel pick.
+    std::optional<SockAddr> source;
+    if (!link.localAddress().empty()) {
+      source = resolve(joinHostPort(link.localAddress(), 0), "rail address");
+    }
+    Fd fd =
+        connectWithRetry(resolve(link.target(), what), deadline, what, source ? &*source : nullptr);
     Hello hello;
     hello.rank = static_cast<uint32_t>(options_.rank);
     hello.world_size = static_cast<uint32_t>(options_.size);

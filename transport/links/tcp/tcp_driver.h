@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,9 +23,11 @@ struct Listener {
 };
 
 // The I/O of one group's TCP links: one thread polls every socket (epoll; no thread per peer),
-// reads what arrives and writes what the sockets had no room for; another (the keeper) dials
-// links again and accepts re-dialled ones on the listeners. Every call into a messenger holds
-// its lock.
+// reads what arrives and writes what the sockets had no room for; another (the keeper) accepts
+// dialled links on the listeners, and a third (the dialer) dials them: links made again after
+// a failure, and links connected on first use, which either rank of the pair may dial (so that
+// two ranks dialling each other at once each still accept the other's). Every call into a
+// messenger holds its lock.
 class TcpDriver final : public Driver {
  public:
   struct Options {
@@ -71,6 +74,7 @@ class TcpDriver final : public Driver {
   };
   void progressLoop();
   void keeperLoop();
+  void dialerLoop();
   void acceptRejoin(int listen_fd);
   void dialAgain(const Dial& dial);
   void adopt();
@@ -85,6 +89,8 @@ class TcpDriver final : public Driver {
   std::vector<TcpLink*> links_;  // epoll token = index
   std::thread progress_;
   std::thread keeper_;
+  std::thread dialer_;
+  std::condition_variable dials_changed_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> quiesced_{false};
   int quiescer_ = 0;

@@ -37,7 +37,7 @@ TcpLink::TcpLink(TcpDriver& driver, LinkAttributes attributes, Fd fd, int peer, 
       target_(std::move(target)),
       local_address_(std::move(local_address)),
       fd_(std::move(fd)) {
-  setNonBlocking(fd_.get(), true);
+  if (fd_.valid()) setNonBlocking(fd_.get(), true);  // else dialled on first use (adoptLocked)
 }
 
 TcpLink::~TcpLink() = default;

@@ -26,14 +26,15 @@ void addLinks(TcpDriver& driver, messaging::Messenger& messenger, int peer,
     a.delivery = Delivery::kAck;
     a.sees_peer_exit = true;
     // One connection to a peer is the peer: when it ends there is nothing to fail over to, and
-    // nothing to make again.
-    a.redials = several;
+    // nothing to make again. One still to be made (connected on first use) is dialled once.
+    const bool up = c.fd.valid();
+    a.redials = several || !up;
     a.rejoin_interval = several ? rejoin_interval : Duration::zero();
     a.max_payload = several ? kStripedFrameBytes : UINT64_MAX;
     a.trace_name = "send";
     messenger.addLink(
         driver.makeLink(std::move(c.fd), std::move(a), peer, c.channel, c.target, c.local), data,
-        true);
+        up);
   }
 }
 

@@ -14,7 +14,8 @@ namespace railshard::transport::links::tcp {
 // A peer's connections as links of its messenger: a frame at a time on each, several of them
 // striped by measured rate and re-dialled when one fails; one alone is the peer (its end is the
 // peer lost). `data`: they carry messages (else only control frames beside other links).
-// `rejoin_interval`: how often a failed one is dialled again.
+// `rejoin_interval`: how often a failed one is dialled again. A connection without a descriptor
+// (connected on first use) is added as a link to be dialled when the pair is first used.
 void addLinks(TcpDriver& driver, messaging::Messenger& messenger, int peer,
               std::vector<Connection>& connections, bool data,
               Duration rejoin_interval = std::chrono::seconds(1));
