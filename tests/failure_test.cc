@@ -33,7 +33,21 @@ double secondsWaited(const std::string& text) {
   return std::stod(m[1].str());
 }
 
-class Killed : public ::testing::TestWithParam<std::string> {};
+class Killed : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The parameter's transport: "tcp_lazy" is TCP with every pair connected on first use (a
+  // rank not connected to the killed one learns of it from those that were).
+  static std::map<std::string, std::string> env() {
+    std::map<std::string, std::string> env = {{"RAILSHARD_TIMEOUT", "60"}};
+    if (GetParam() == "tcp_lazy") {
+      env["RAILSHARD_TRANSPORT"] = "tcp";
+      env["RAILSHARD_TCP_CONNECT"] = "lazy";
+    } else {
+      env["RAILSHARD_TRANSPORT"] = GetParam();
+    }
+    return env;
+  }
+};
 
 // SIGKILL one rank of four in an all-reduce loop: each of the three others raises
 // PeerLostError naming it (rank, host, the collective and its number, the time waited) within
@@ -42,8 +56,7 @@ TEST_P(Killed, EverySurvivorNamesTheKilledRankWithinTwoSeconds) {
   auto results = runRanksByHand(4,
                                 {"--iterations", "100000", "--die-rank", "2", "--die-after", "20",
                                  "--die-how", "kill", "--count", "1000"},
-                                {{"RAILSHARD_TIMEOUT", "60"}, {"RAILSHARD_TRANSPORT", GetParam()}},
-                                std::chrono::seconds(60));
+                                env(), std::chrono::seconds(60));
   EXPECT_EQ(results[2].signal, SIGKILL) << results[2].err;
   for (int rank : {0, 1, 3}) {
     const auto& r = results[static_cast<size_t>(rank)];
@@ -65,8 +78,7 @@ TEST_P(Killed, SurvivorsShrinkAndFinishWithVerifiedResults) {
   auto results = runRanksByHand(4,
                                 {"--iterations", "60", "--die-rank", "2", "--die-after", "20",
                                  "--die-how", "kill", "--count", "1000", "--elastic", "1"},
-                                {{"RAILSHARD_TIMEOUT", "60"}, {"RAILSHARD_TRANSPORT", GetParam()}},
-                                std::chrono::seconds(60));
+                                env(), std::chrono::seconds(60));
   EXPECT_EQ(results[2].signal, SIGKILL);
   const int new_rank[] = {0, 1, -1, 2};
   for (int rank : {0, 1, 3}) {
@@ -83,7 +95,7 @@ TEST_P(Killed, SurvivorsShrinkAndFinishWithVerifiedResults) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm"));
+INSTANTIATE_TEST_SUITE_P(Transports, Killed, ::testing::Values("tcp", "shm", "tcp_lazy"));
 
 // Two hosts x two ranks by the cluster graph (the two-rail fixture's alpha and beta; the
 // processes really share this machine, the graph makes them hosts), two-level all-reduces:
