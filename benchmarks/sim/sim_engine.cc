@@ -1,0 +1,252 @@
+// The discrete-event run of every rank's program (sim_model.h).
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <map>
+#include <queue>
+#include <set>
+
+#include "base/error.h"
+#include "benchmarks/sim/sim_model.h"
+
+namespace railshard::sim {
+
+int ClusterModel::worldSize() const {
+  int n = 0;
+  for (int l : ranks_per_host) n += l;
+  return n;
+}
+
+collectives::HostLayout ClusterModel::layout() const {
+  std::vector<std::string> keys;
+  for (size_t h = 0; h < ranks_per_host.size(); ++h) {
+    if (ranks_per_host[h] < 1)
+      throw InvalidArgument("simulator: host " + std::to_string(h) + " has no rank");
+    for (int i = 0; i < ranks_per_host[h]; ++i) keys.push_back("host" + std::to_string(h));
+  }
+  return collectives::HostLayout::fromKeys(keys);
+}
+
+collectives::TunerInput tunerInput(const ClusterModel& model, const collectives::HostLayout& layout,
+                                   size_t bytes) {
+  collectives::TunerInput input;
+  input.bytes = bytes;
+  input.world_size = layout.worldSize();
+  input.shm = layout.hostCount() == 1 && layout.worldSize() > 1;
+  input.hosts = layout.hostCount();
+  input.ranks_per_host = layout.maxLocal();
+  input.host_shm = layout.twoLevel();
+  input.shm_slot_bytes = input.shm || input.host_shm ? model.shm_slot_bytes : 0;
+  input.network = model.network;
+  input.shm_link = model.shm;
+  input.reduce_gbps = model.reduce_gbps;
+  const double cores = model.cores > 0 ? model.cores : layout.maxLocal();
+  input.ranks_per_core = std::max(1.0, layout.maxLocal() / cores);
+  return input;
+}
+
+namespace {
+
+// Servers a job queues for, first free first (a host's cores, one NIC direction).
+class Pool {
+ public:
+  explicit Pool(size_t servers) : free_(std::max<size_t>(1, servers), 0.0) {}
+  // Ends a job of `us` that may start at `ready`.
+  double use(double ready, double us) {
+    auto it = std::min_element(free_.begin(), free_.end());
+    *it = std::max(ready, *it) + us;
+    return *it;
+  }
+
+ private:
+  std::vector<double> free_;
+};
+
+struct Event {
+  double at;
+  uint64_t order;  // ties: first scheduled first, so runs are repeatable
+  int rank;
+  bool operator>(const Event& other) const {
+    return at != other.at ? at > other.at : order > other.order;
+  }
+};
+
+class Engine {
+ public:
+  Engine(const ClusterModel& model, const collectives::HostLayout& layout,
+         const std::vector<Program>& programs)
+      : model_(model),
+        layout_(layout),
+        programs_(programs),
+        pc_(programs.size(), 0),
+        clock_(programs.size(), 0.0),
+        slept_(programs.size(), false),
+        waiting_for_(programs.size(), -1),
+        peers_(programs.size()),
+        syncs_(layout.hosts.size()) {
+    const size_t hosts = layout.hosts.size();
+    auto cores_of = [&](size_t h) {
+      return model.cores > 0 ? static_cast<size_t>(model.cores) : layout.hosts[h].size();
+    };
+    if (model.cores_shared_by_hosts) {
+      cpus_.emplace_back(cores_of(0));
+    } else {
+      for (size_t h = 0; h < hosts; ++h) cpus_.emplace_back(cores_of(h));
+    }
+    for (size_t h = 0; h < hosts; ++h) {
+      tx_.emplace_back(1);
+      rx_.emplace_back(1);
+    }
+  }
+
+  SimResult run() {
+    for (size_t r = 0; r < programs_.size(); ++r) schedule(0, static_cast<int>(r));
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      advance(e.rank, e.at);
+    }
+    SimResult result;
+    for (size_t r = 0; r < programs_.size(); ++r) {
+      if (pc_[r] != programs_[r].size()) {
+        throw Error("simulator: rank " + std::to_string(r) + " never finished (step " +
+                    std::to_string(pc_[r]) + " of " + std::to_string(programs_[r].size()) +
+                    "): the programs do not match");
+      }
+      result.micros = std::max(result.micros, clock_[r]);
+      result.peers.emplace_back(peers_[r].begin(), peers_[r].end());
+    }
+    result.messages = messages_;
+    return result;
+  }
+
+ private:
+  void schedule(double at, int rank) { events_.push(Event{at, order_++, rank}); }
+  Pool& cpu(int rank) {
+    return model_.cores_shared_by_hosts ? cpus_.front() : cpus_[static_cast<size_t>(hostOf(rank))];
+  }
+  int hostOf(int rank) const { return layout_.host_of[static_cast<size_t>(rank)]; }
+
+  // Runs `rank` from `now` until it waits or ends; each op that takes time ends in an event.
+  void advance(int rank, double now) {
+    const auto r = static_cast<size_t>(rank);
+    double t = std::max(now, clock_[r]);
+    if (slept_[r]) {
+      slept_[r] = false;
+      t = cpu(rank).use(t, model_.wake_cpu_us);
+    }
+    while (pc_[r] < programs_[r].size()) {
+      const Op& op = programs_[r][pc_[r]];
+      if (t > now) {  // the op starts later: let everything before it happen first
+        clock_[r] = t;
+        schedule(t, rank);
+        return;
+      }
+      switch (op.kind) {
+        case OpKind::kCompute:
+          t = cpu(rank).use(t, op.cpu_us);
+          break;
+        case OpKind::kSend:
+          t = cpu(rank).use(t, model_.message_cpu_us);
+          deliver(rank, op.peer, op.bytes, t);
+          break;
+        case OpKind::kRecv: {
+          auto& box = mail_[{op.peer, rank}];
+          if (box.empty()) {
+            waiting_for_[r] = op.peer;
+            slept_[r] = true;
+            clock_[r] = t;
+            return;
+          }
+          const double arrived = box.front();
+          if (arrived > t) {
+            clock_[r] = t;
+            slept_[r] = true;
+            schedule(arrived, rank);
+            return;
+          }
+          box.pop_front();
+          t = cpu(rank).use(t, model_.message_cpu_us);
+          break;
+        }
+        case OpKind::kHostSync: {
+          const auto host = static_cast<size_t>(hostOf(rank));
+          auto& sync = syncs_[host];
+          sync.arrived.push_back(rank);
+          sync.latest = std::max(sync.latest, t);
+          ++pc_[r];
+          clock_[r] = t;
+          if (sync.arrived.size() < layout_.hosts[host].size()) {
+            slept_[r] = true;
+            return;
+          }
+          const double release = sync.latest + model_.shm.alpha_us;
+          for (int other : sync.arrived) {
+            if (other != rank) slept_[static_cast<size_t>(other)] = true;
+            schedule(release, other);
+          }
+          sync = Sync{};
+          return;
+        }
+      }
+      ++pc_[r];
+    }
+    clock_[r] = t;
+  }
+
+  void deliver(int from, int to, double bytes, double sent) {
+    ++messages_;
+    const int a = hostOf(from);
+    const int b = hostOf(to);
+    double arrives;
+    if (a == b) {
+      arrives = sent + model_.loopback.alpha_us + bytes / (model_.loopback.beta_gbps * 1e3);
+    } else {
+      peers_[static_cast<size_t>(from)].insert(to);
+      peers_[static_cast<size_t>(to)].insert(from);
+      const double wire = bytes / (model_.network.beta_gbps * 1e3);
+      const double left = tx_[static_cast<size_t>(a)].use(sent, wire);
+      arrives = rx_[static_cast<size_t>(b)].use(left - wire + model_.network.alpha_us, wire);
+    }
+    mail_[{from, to}].push_back(arrives);
+    if (waiting_for_[static_cast<size_t>(to)] == from) {
+      waiting_for_[static_cast<size_t>(to)] = -1;
+      schedule(arrives, to);
+    }
+  }
+
+  struct Sync {
+    std::vector<int> arrived;
+    double latest = 0;
+  };
+
+  const ClusterModel& model_;
+  const collectives::HostLayout& layout_;
+  const std::vector<Program>& programs_;
+  std::vector<size_t> pc_;
+  std::vector<double> clock_;
+  std::vector<bool> slept_;
+  std::vector<int> waiting_for_;
+  std::vector<std::set<int>> peers_;
+  std::vector<Sync> syncs_;
+  std::vector<Pool> cpus_;
+  std::vector<Pool> tx_;
+  std::vector<Pool> rx_;
+  std::map<std::pair<int, int>, std::deque<double>> mail_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  uint64_t order_ = 0;
+  size_t messages_ = 0;
+};
+
+}  // namespace
+
+SimResult simulate(const ClusterModel& model, const collectives::HostLayout& layout,
+                   const std::vector<Program>& programs) {
+  if (programs.size() != static_cast<size_t>(layout.worldSize())) {
+    throw InvalidArgument("simulator: " + std::to_string(programs.size()) + " programs for " +
+                          std::to_string(layout.worldSize()) + " ranks");
+  }
+  return Engine(model, layout, programs).run();
+}
+
+}  // namespace railshard::sim

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <cstddef>
+
+#include "benchmarks/sim/sim_model.h"
+
+namespace railshard::sim {
+
+// A start-up's costs that grow with the job (docs/simulator.md has where the figures come
+// from): the store's requests, served one at a time by one server, and the start-up ring's
+// all-gathers (transport/bootstrap/ring_exchange.h), N - 1 hops each.
+struct StartupModel {
+  double store_requests_per_rank = 12;  // counted in real start-ups (docs/simulator.md)
+  double store_requests_fixed = 0;
+  double store_service_us = 20;     // the server's time per request
+  double store_round_trip_us = 60;  // a client's wait beyond the service (network, wake-ups)
+  int ring_allgathers = 4;
+  double ring_value_bytes = 64;  // one rank's value in an all-gather
+};
+
+struct StartupResult {
+  double store_requests = 0;
+  double store_us = 0;  // the last rank's last store answer
+  double ring_us = 0;   // the all-gathers, one after another
+  double total_us() const { return store_us + ring_us; }
+};
+
+// Each rank sends its requests one after another from time 0; the server answers in arrival
+// order. The ring's hops are sequential: a value moves one rank on per hop.
+StartupResult simulateStartup(const ClusterModel& model, const collectives::HostLayout& layout,
+                              const StartupModel& startup);
+
+}  // namespace railshard::sim
