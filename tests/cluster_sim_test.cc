@@ -57,6 +57,9 @@ TEST(ClusterSim, RanksThatOutnumberTheCoresQueueForThem) {
   // A wake-up costs CPU too: three of the four slept at each meeting.
   m.wake_cpu_us = 0.5;
   EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 1 + 3 * 0.5 + 4 * 8 + 1 + 3 * 0.5, 1e-9);
+  // And more where more ranks share each core: 4 ranks per core here, 0.25 us each.
+  m.wake_per_crowding_us = 0.25;
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 1 + 3 * 1.5 + 4 * 8 + 1 + 3 * 1.5, 1e-9);
 }
 
 TEST(ClusterSim, AHostsNicSendsOneMessageAtATime) {

@@ -8,7 +8,8 @@
 //   cluster_sim --hosts H --ranks-per-host L [--cores C] [--cores-shared] [--sizes 8,1K,1M]
 //               [--network-us A --network-gbps B] [--shm-us A --shm-gbps B]
 //               [--loopback-us A --loopback-gbps B] [--reduce-gbps R] [--message-cpu-us M]
-//               [--wake-cpu-us W] [--store-requests-per-rank C] [--store-us S]
+//               [--wake-cpu-us W] [--wake-per-crowding-us X] [--store-requests-per-rank C]
+//               [--store-us S]
 //               [--store-trip-us T] [--ring-allgathers K] [--sockets-per-peer S]
 //               [--algorithms all|auto] [--dispatch-steps K]
 #include <algorithm>
@@ -94,6 +95,8 @@ Options parse(int argc, char** argv) {
       o.model.message_cpu_us = number(k, v);
     else if (k == "--wake-cpu-us")
       o.model.wake_cpu_us = number(k, v);
+    else if (k == "--wake-per-crowding-us")
+      o.model.wake_per_crowding_us = number(k, v);
     else if (k == "--store-requests-per-rank")
       o.startup.store_requests_per_rank = number(k, v);
     else if (k == "--store-us")

@@ -97,6 +97,15 @@ class Engine {
       tx_.emplace_back(1);
       rx_.emplace_back(1);
     }
+    // Ranks per core of the most crowded machine (the whole job's on a shared one).
+    double crowding = 1;
+    for (size_t h = 0; h < hosts; ++h) {
+      const double ranks = model.cores_shared_by_hosts
+                               ? static_cast<double>(programs.size())
+                               : static_cast<double>(layout.hosts[h].size());
+      crowding = std::max(crowding, ranks / static_cast<double>(cores_of(h)));
+    }
+    wake_us_ = model.wake_cpu_us + model.wake_per_crowding_us * crowding;
   }
 
   SimResult run() {
@@ -133,7 +142,7 @@ class Engine {
     double t = std::max(now, clock_[r]);
     if (slept_[r]) {
       slept_[r] = false;
-      t = cpu(rank).use(t, model_.wake_cpu_us);
+      t = cpu(rank).use(t, wake_us_);
     }
     while (pc_[r] < programs_[r].size()) {
       const Op& op = programs_[r][pc_[r]];
@@ -166,7 +175,9 @@ class Engine {
             return;
           }
           box.pop_front();
-          t = cpu(rank).use(t, model_.message_cpu_us);
+          // Its progress thread was woken to take the message in, whether or not the rank
+          // itself slept.
+          t = cpu(rank).use(t, model_.message_cpu_us + wake_us_);
           break;
         }
         case OpKind::kHostSync: {
@@ -236,6 +247,7 @@ class Engine {
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t order_ = 0;
   size_t messages_ = 0;
+  double wake_us_ = 0;
 };
 
 }  // namespace

@@ -25,6 +25,9 @@ struct ClusterModel {
   // waking a rank that slept in a wait: what queues for the cores when ranks outnumber them.
   double message_cpu_us = 0;
   double wake_cpu_us = 0;
+  // More per wake-up for every rank per core of the machine: a process woken among many comes
+  // back to caches the others have taken (fitted here: docs/simulator.md).
+  double wake_per_crowding_us = 0;
   size_t shm_slot_bytes = size_t{1} << 20;
 
   int worldSize() const;
