@@ -106,6 +106,7 @@ TEST(ClusterSim, StoreRequestsQueueAtTheOneServer) {
   ClusterModel m = hostsOf(10, 1);
   StartupModel s;
   s.store_requests_per_rank = 3;
+  s.store_requests_fixed = 0;
   s.store_service_us = 5;
   s.store_round_trip_us = 2;
   s.ring_allgathers = 0;

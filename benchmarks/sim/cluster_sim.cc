@@ -1,7 +1,7 @@
 // cluster_sim: what a job of N ranks on H hosts would cost, without processes — the real
 // tuner's choice per all-reduce size and that algorithm's time in a discrete-event run over
 // modelled links and cores, the start-up's store requests and ring, the sockets a rank holds
-// (a full mesh today, or only the peers its collectives use), and the dispatcher's overhead
+// (connected at start-up, or only the peers its collectives use), and the dispatcher's overhead
 // per step (its real planning code timed here, plus the simulated all-gather of reports).
 // docs/simulator.md: the model, its figures, and predictions against runs here.
 //
@@ -201,6 +201,10 @@ int run(const Options& o) {
                 std::string(collectives::name(choice.algorithm)).c_str(), r.micros, r.messages,
                 most, every.c_str());
   }
+  // The sockets the all-reduces alone open on first use, before the dispatcher's gather adds
+  // its peers.
+  size_t most_allreduce = 0;
+  for (const auto& peers : first_use) most_allreduce = std::max(most_allreduce, peers.size());
   // The dispatcher: an all-gather of 128 bytes per rank, then every rank plans the step.
   const SimResult gather = simulate(model, layout, allgatherPrograms(model, layout, 128));
   for (size_t rank = 0; rank < gather.peers.size(); ++rank) {
@@ -219,10 +223,13 @@ int run(const Options& o) {
   size_t most_first = 0;
   for (const auto& peers : first_use) most_first = std::max(most_first, peers.size());
   const int full_mesh = (n - layout.maxLocal()) * o.sockets_per_peer;
+  const auto sockets = static_cast<size_t>(o.sockets_per_peer);
   std::printf(
-      "sockets per rank: %d as connected today (every rank of the other hosts), %zu on "
-      "first use (the peers these collectives use), plus 1 to the store\n",
-      full_mesh, most_first * static_cast<size_t>(o.sockets_per_peer));
+      "sockets per rank (the most any rank holds), plus 1 to the store: %d connected at "
+      "start-up (RAILSHARD_TCP_CONNECT=eager: every rank of the other hosts); on first use "
+      "(lazy, auto above 64 ranks) %zu for these all-reduces, %zu with the dispatcher's "
+      "all-gather of reports\n",
+      full_mesh, most_allreduce * sockets, most_first * sockets);
   return 0;
 }
 

@@ -10,8 +10,8 @@ namespace railshard::sim {
 // from): the store's requests, served one at a time by one server, and the start-up ring's
 // all-gathers (transport/bootstrap/ring_exchange.h), N - 1 hops each.
 struct StartupModel {
-  double store_requests_per_rank = 12;  // counted in real start-ups (docs/simulator.md)
-  double store_requests_fixed = 0;
+  double store_requests_per_rank = 11;  // counted in real start-ups: 11 N + 5 (docs/scaling.md)
+  double store_requests_fixed = 5;
   double store_service_us = 20;     // the server's time per request
   double store_round_trip_us = 60;  // a client's wait beyond the service (network, wake-ups)
   int ring_allgathers = 4;
