@@ -315,16 +315,24 @@ void Communicator::allgather(const void* send, void* recv, size_t send_count, Da
   const auto tag =
       makeTag(CollectiveKind::kAllgather, sequence_++, dtype, ReduceOp::kSum, send_count, 0);
   const size_t bytes = send_count * static_cast<size_t>(size_) * sizeOf(dtype);
+  const bool leaders =
+      channels_->twoLevel() && collectives::allgatherThroughLeaders(*channels_->layout(), bytes);
   run(tag, deadline, bytes,
       channels_->oneHost()    ? "shm"
+      : leaders               ? "two_level_leader"
       : channels_->twoLevel() ? "two_level"
                               : "ring",
       [&](const collectives::Context& context) {
         if (channels_->oneHost())
           return channels_->engine()->allgather(send, recv, send_count, dtype, tag);
         if (channels_->twoLevel()) {
-          return collectives::twoLevelAllgather(context, channels_->engine(), *channels_->layout(),
-                                                send, recv, send_count, dtype);
+          const auto& layout = *channels_->layout();
+          if (leaders) {
+            return collectives::twoLevelLeaderAllgather(context, channels_->engine(), layout, send,
+                                                        recv, send_count, dtype);
+          }
+          return collectives::twoLevelAllgather(context, channels_->engine(), layout, send, recv,
+                                                send_count, dtype);
         }
         collectives::ringAllgather(context, send, recv, send_count, dtype);
       });

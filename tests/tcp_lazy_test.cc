@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/collectives/two_level.h"
 #include "core/communicator.h"
+#include "tests/collective_check.h"
 #include "tests/expect_error.h"
 #include "tests/multi_host.h"
 #include "tests/test_util.h"
@@ -186,6 +188,52 @@ TEST(TcpLazy, APeerThatCanNeverBeConnectedIsAnErrorNamingIt) {
   test::rethrowFirst(outer);
   test::expectError<PeerLostError>(errors[0], "rank 1", "rank 0");
   test::expectError<PeerLostError>(errors[0], "could not be connected", "rank 0");
+}
+
+TEST(TcpLazy, SmallAllgathersAcrossManyHostsGoThroughTheLeadersAndMeetFewPeers) {
+  // 17 hosts (over kLeaderAllgatherHosts), three with several ranks numbered out of host order:
+  // small all-gathers take the leaders' path (bruckAllgatherv across), a large one the direct
+  // path; both against the reference. After the small ones only leaders are connected across,
+  // each to its Bruck partners at distances 1, 2, 4, 8, 16 both ways (the dissemination
+  // barrier's too): at most 2 ceil(log2 17) = 10 other leaders.
+  std::vector<int> host_of;
+  for (int h = 0; h < 17; ++h) host_of.push_back(h);
+  for (int h : {0, 5, 5}) host_of.push_back(h);
+  ASSERT_GT(17, collectives::kLeaderAllgatherHosts);
+  auto errors = test::onPlacement(
+      host_of,
+      [&](Communicator& comm) {
+        test::checkEveryAllgather(comm, {0, 1, 7});
+        comm.barrier();  // over the leaders too: their partners are the all-gather's
+        const TcpView view = tcpViewOf(comm);
+        comm.barrier();  // nobody dials this rank for the large all-gather before it looked
+        const auto& layout = *comm.hostLayout();
+        std::set<int> leaders;
+        for (const auto& ranks : layout.hosts) leaders.insert(ranks.front());
+        const bool leader = leaders.count(comm.rank()) > 0;
+        for (int peer : view.up) {
+          if (!leader || leaders.count(peer) == 0) {
+            throw std::runtime_error("rank " + std::to_string(comm.rank()) +
+                                     " is connected to rank " + std::to_string(peer) +
+                                     ": only leaders cross for small all-gathers");
+          }
+        }
+        if (view.up.size() > 10) {
+          throw std::runtime_error("rank " + std::to_string(comm.rank()) + " has " +
+                                   std::to_string(view.up.size()) + " peers across, over 10");
+        }
+        // 20 ranks x 20001 elements is over kLeaderAllgatherBytes: the direct path.
+        test::checkEveryAllgather(comm, {20001});
+      },
+      lazy);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
 }
 
 }  // namespace

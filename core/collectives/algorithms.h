@@ -24,6 +24,12 @@ void ringReduceScatter(const Context& ctx, const void* send, void* recv, size_t 
 // recv receives size * send_count elements, block r from rank r.
 void ringAllgather(const Context& ctx, const void* send, void* recv, size_t send_count,
                    DataType dtype);
+// Bruck's all-gather of chunks of any size (chunk_bytes[m] bytes from rank m; `send` is this
+// rank's): ceil(log2 n) rounds at distances 1, 2, 4, ..., each a send to rank - d and a receive
+// from rank + d, so a rank talks to at most 2 ceil(log2 n) peers, and moves what the ring does.
+// `recv` receives every chunk in rank order.
+void bruckAllgatherv(const Context& ctx, const void* send, const std::vector<size_t>& chunk_bytes,
+                     void* recv);
 // Pipelined chain from the root: (size-1) hops of latency, one message's worth of bandwidth.
 void chainBroadcast(const Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
                     int root);

@@ -24,12 +24,6 @@ bool contains(const std::vector<int>& members, int rank) {
   return std::find(members.begin(), members.end(), rank) != members.end();
 }
 
-// `ctx` over the view: the same collective, deadline and workspace.
-Context over(const Context& ctx, transport::GroupView& view) {
-  return Context{view,        view.rank(), view.size(),  ctx.chunk_bytes,
-                 ctx.timeout, ctx.tag,     ctx.workspace};
-}
-
 // The host's sum of `send` (`each` over its ranks' inputs, one shared-memory step), kept in the
 // workspace; a rank alone on its host has its own input there.
 const uint8_t* hostSum(const Context& ctx, ShmEngine* host, const void* send, size_t count,

@@ -63,6 +63,22 @@ void twoLevelReduceScatter(const Context& ctx, ShmEngine* host, const HostLayout
 void twoLevelAllgather(const Context& ctx, ShmEngine* host, const HostLayout& layout,
                        const void* send, void* recv, size_t send_count, DataType dtype);
 
+// The same result for small all-gathers across many hosts: the host's blocks are shared in
+// shared memory, each host's first rank gathers every host's across (bruckAllgatherv over the
+// leaders: 2 ceil(log2 H) peers each, where the direct form above has every rank send to one
+// rank of every other host), and broadcasts the whole in the host. With connections made on
+// first use this is what bounds a rank's sockets (the dispatcher gathers its reports every
+// step): at 512 hosts x 8 ranks 511 peers per rank against at most 18 per leader.
+void twoLevelLeaderAllgather(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                             const void* send, void* recv, size_t send_count, DataType dtype);
+// Whether an all-gather of `total_bytes` (the whole result) takes the leaders' path: over
+// kLeaderAllgatherHosts hosts, and small enough for one rank per host to carry.
+inline constexpr int kLeaderAllgatherHosts = 16;
+inline constexpr size_t kLeaderAllgatherBytes = size_t{1} << 20;
+inline bool allgatherThroughLeaders(const HostLayout& layout, size_t total_bytes) {
+  return layout.hostCount() > kLeaderAllgatherHosts && total_bytes <= kLeaderAllgatherBytes;
+}
+
 // Broadcast: one rank per host carries the message across hosts (the root on its own host,
 // local rank 0 elsewhere) in a chain, then each host's carrier broadcasts it in shared memory.
 void twoLevelBroadcast(const Context& ctx, ShmEngine* host, const HostLayout& layout,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/trace.h"
+#include "core/collectives/algorithms.h"
 #include "core/collectives/shm_engine.h"
 #include "core/collectives/two_level.h"
 #include "core/collectives/two_level_internal.h"
@@ -166,6 +167,57 @@ void twoLevelAllgather(const Context& ctx, ShmEngine* host, const HostLayout& la
       at += block_bytes;
     }
   }
+}
+
+void twoLevelLeaderAllgather(const Context& ctx, ShmEngine* host, const HostLayout& layout,
+                             const void* send, void* recv, size_t send_count, DataType dtype) {
+  const size_t element = sizeOf(dtype);
+  const size_t block_bytes = send_count * element;
+  const int my_host = layout.host_of[static_cast<size_t>(ctx.rank)];
+  const auto& mine = layout.hosts[static_cast<size_t>(my_host)];
+  const auto locals = static_cast<size_t>(mine.size());
+  // The host's blocks in local order, on every rank of the host (`send` may lie in `recv`: it
+  // is read here, before anything is written there).
+  const uint8_t* host_blocks = static_cast<const uint8_t*>(send);
+  if (host != nullptr) {
+    uint8_t* gathered =
+        ctx.workspace.get(kHandlerOrderSlot, std::max<size_t>(1, locals * block_bytes));
+    std::vector<size_t> begin;
+    for (size_t l = 0; l <= locals; ++l) begin.push_back(l * send_count);
+    twoLevelInHost(ctx, "host_allgather",
+                   [&] { host->allgatherBlocks(send, gathered, begin, dtype, ctx.tag); });
+    host_blocks = gathered;
+  }
+  auto* out = static_cast<uint8_t*>(recv);
+  if (mine.front() == ctx.rank) {
+    trace::Span span(trace::Category::kPhase, "cross_host");
+    std::vector<int> leaders;
+    std::vector<size_t> chunk_bytes;
+    for (const auto& ranks : layout.hosts) {
+      leaders.push_back(ranks.front());
+      chunk_bytes.push_back(ranks.size() * block_bytes);
+    }
+    // Every host's blocks in host order, then each block to its rank's place.
+    uint8_t* by_host = ctx.workspace.get(
+        kReceivedSlot, std::max<size_t>(1, static_cast<size_t>(ctx.size) * block_bytes));
+    transport::GroupView view(ctx.transport, leaders);
+    bruckAllgatherv(over(ctx, view), host_blocks, chunk_bytes, by_host);
+    size_t at = 0;
+    for (const auto& ranks : layout.hosts) {
+      for (int rank : ranks) {
+        if (block_bytes > 0) {
+          std::memcpy(out + static_cast<size_t>(rank) * block_bytes, by_host + at, block_bytes);
+        }
+        at += block_bytes;
+      }
+    }
+  }
+  if (host == nullptr) return;
+  const int local_leader = layout.local_rank_of[static_cast<size_t>(mine.front())];
+  twoLevelInHost(ctx, "host_broadcast", [&] {
+    host->broadcast(recv, recv, send_count * static_cast<size_t>(ctx.size), dtype, local_leader,
+                    ctx.tag);
+  });
 }
 
 }  // namespace railshard::collectives

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/trace.h"
 #include "core/collectives/context.h"
+#include "transport/group_view.h"
 
 namespace railshard::collectives {
 
@@ -21,6 +22,12 @@ void twoLevelInHost(const Context& ctx, const char* phase, Fn&& fn) {
     ctx.transport.abort(std::current_exception(), true);
     throw;
   }
+}
+
+// `ctx` over the view: the same collective, deadline and workspace.
+inline Context over(const Context& ctx, transport::GroupView& view) {
+  return Context{view,        view.rank(), view.size(),  ctx.chunk_bytes,
+                 ctx.timeout, ctx.tag,     ctx.workspace};
 }
 
 }  // namespace railshard::collectives
