@@ -113,6 +113,14 @@ class Pair {
     }
     return delivered;
   }
+  // Link `l` comes up at `generation` on both ranks (as their drivers would report it).
+  void upBoth(int l, uint32_t generation) {
+    for (int rank = 0; rank < 2; ++rank) {
+      auto guard = m[rank]->guard();
+      fake[rank][static_cast<size_t>(l)]->down = false;
+      m[rank]->linkUpLocked(l, generation);
+    }
+  }
   // Everything on every link both ways, until nothing moves.
   void deliverAll() {
     for (int moved = 1; moved > 0;) {
@@ -519,11 +527,7 @@ TEST(Messenger, BothRanksDialAFirstUseSocketAndTheHigherRanksConnectionIsKept) {
   }
   pair.m[0]->tick();  // an accepted dial is not dialled again
   EXPECT_EQ(pair.fake[0][0]->redials.size(), 1u);
-  for (int rank = 0; rank < 2; ++rank) {
-    auto guard = pair.m[rank]->guard();
-    pair.fake[rank][0]->down = false;
-    pair.m[rank]->linkUpLocked(0, 1);
-  }
+  pair.upBoth(0, 1);
   pair.deliverAll();
   expectDone(*pair.mesh[0], send0);
   expectDone(*pair.mesh[1], send1);
@@ -545,11 +549,7 @@ TEST(Messenger, LanesConnectedOnFirstUseWaitForAFirstUseSocketToCarryTheirRecord
   EXPECT_TRUE(pair.fake[1][1]->accepted.empty() && pair.fake[0][0]->control.empty() &&
               pair.fake[1][0]->control.empty())
       << "no record before a link can carry it";
-  for (int rank = 0; rank < 2; ++rank) {
-    auto guard = pair.m[rank]->guard();
-    pair.fake[rank][0]->down = false;
-    pair.m[rank]->linkUpLocked(0, 1);
-  }
+  pair.upBoth(0, 1);
   pair.deliverAll();
   expectDone(*pair.mesh[0], send);
   expectDone(*pair.mesh[1], recv);

@@ -36,6 +36,20 @@ struct HandlerOrder {
   }
 };
 
+// Blocks laid out group by group (`groups[g]`: the ranks whose blocks follow, in order) to
+// rank order: rank r's block at r * block_bytes of `out`.
+void toRankOrder(const std::vector<std::vector<int>>& groups, const uint8_t* grouped, uint8_t* out,
+                 size_t block_bytes) {
+  if (block_bytes == 0) return;
+  size_t at = 0;
+  for (const auto& ranks : groups) {
+    for (int rank : ranks) {
+      std::memcpy(out + static_cast<size_t>(rank) * block_bytes, grouped + at, block_bytes);
+      at += block_bytes;
+    }
+  }
+}
+
 }  // namespace
 
 void twoLevelReduceScatter(const Context& ctx, ShmEngine* host, const HostLayout& layout,
@@ -158,15 +172,7 @@ void twoLevelAllgather(const Context& ctx, ShmEngine* host, const HostLayout& la
     host->allgatherBlocks(ordered + order.begin[local] * element, ordered, order.begin, dtype,
                           ctx.tag);
   });
-  size_t at = 0;
-  for (const auto& blocks : order.handled) {
-    for (int block : blocks) {
-      if (block_bytes > 0) {
-        std::memcpy(out + static_cast<size_t>(block) * block_bytes, ordered + at, block_bytes);
-      }
-      at += block_bytes;
-    }
-  }
+  toRankOrder(order.handled, ordered, out, block_bytes);
 }
 
 void twoLevelLeaderAllgather(const Context& ctx, ShmEngine* host, const HostLayout& layout,
@@ -202,15 +208,7 @@ void twoLevelLeaderAllgather(const Context& ctx, ShmEngine* host, const HostLayo
         kReceivedSlot, std::max<size_t>(1, static_cast<size_t>(ctx.size) * block_bytes));
     transport::GroupView view(ctx.transport, leaders);
     bruckAllgatherv(over(ctx, view), host_blocks, chunk_bytes, by_host);
-    size_t at = 0;
-    for (const auto& ranks : layout.hosts) {
-      for (int rank : ranks) {
-        if (block_bytes > 0) {
-          std::memcpy(out + static_cast<size_t>(rank) * block_bytes, by_host + at, block_bytes);
-        }
-        at += block_bytes;
-      }
-    }
+    toRankOrder(layout.hosts, by_host, out, block_bytes);
   }
   if (host == nullptr) return;
   const int local_leader = layout.local_rank_of[static_cast<size_t>(mine.front())];
