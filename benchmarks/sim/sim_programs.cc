@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "benchmarks/sim/sim_model.h"
+#include "core/collectives/two_level.h"
 
 namespace railshard::sim {
 
@@ -202,6 +203,43 @@ std::vector<Program> allgatherPrograms(const ClusterModel& model, const HostLayo
     for (int step = 0; step < n - 1; ++step) {
       for (int r = 0; r < n; ++r) b.send(r, (r + 1) % n, block);
       for (int r = 0; r < n; ++r) b.recv(r, (r + n - 1) % n, block);
+    }
+    return b.take();
+  }
+  if (collectives::allgatherThroughLeaders(layout, block_bytes * static_cast<size_t>(n))) {
+    // twoLevelLeaderAllgather: the host's blocks in shared memory, Bruck's rounds over the
+    // leaders (at distance d a leader sends the chunks it holds, up to d hosts' worth, to the
+    // leader d before it and receives as many from the one d after), a broadcast in the host.
+    std::vector<int> leaders;
+    std::vector<double> chunk;
+    for (const auto& host : layout.hosts) {
+      for (const int r : host) b.copy(r, block);
+      for (const int r : host) b.hostSync(r);
+      for (const int r : host) b.copy(r, block * static_cast<double>(host.size()));
+      leaders.push_back(host.front());
+      chunk.push_back(block * static_cast<double>(host.size()));
+    }
+    const int hosts = layout.hostCount();
+    auto held = [&](int from, int count) {  // bytes of hosts from, from + 1, ... (count of them)
+      double bytes = 0;
+      for (int j = 0; j < count; ++j) bytes += chunk[static_cast<size_t>((from + j) % hosts)];
+      return bytes;
+    };
+    for (int d = 1; d < hosts; d *= 2) {
+      const int count = std::min(d, hosts - d);
+      for (int i = 0; i < hosts; ++i) {
+        b.send(leaders[static_cast<size_t>(i)],
+               leaders[static_cast<size_t>((i - d + hosts) % hosts)], held(i, count));
+      }
+      for (int i = 0; i < hosts; ++i) {
+        b.recv(leaders[static_cast<size_t>(i)], leaders[static_cast<size_t>((i + d) % hosts)],
+               held((i + d) % hosts, count));
+      }
+    }
+    for (const auto& host : layout.hosts) {
+      b.copy(host.front(), block * n);
+      for (const int r : host) b.hostSync(r);
+      for (const int r : host) b.copy(r, block * n);
     }
     return b.take();
   }
