@@ -66,10 +66,10 @@ struct Connections {
 bootstrap::RingOptions startupRing(const ConnectOptions& options);
 
 // Listens, tells every rank the addresses through `exchange` (no store request), connects to every
-// lower rank and accepts every higher one that it wants now (the others: described, not made) (on
-// each rail both ends can use, `sockets_per_rail` sockets each; else one connection to the
-// advertised address). TimeoutError names the ranks that never showed up; every refused connection
-// (a stranger, a wrong token, a silent client) is logged with why.
+// lower rank and accepts every higher one that it wants now, on each rail both ends can use
+// (`sockets_per_rail` sockets each; else one connection to the advertised address); the pairs
+// connected on first use are described, not made. TimeoutError names the ranks that never showed
+// up; every refused connection (a stranger, a wrong token, a silent client) is logged with why.
 Connections connectPeers(bootstrap::Exchange& exchange, const ConnectOptions& options);
 
 }  // namespace railshard::transport::links::tcp
