@@ -62,6 +62,26 @@ TEST(Config, RendezvousVerbIsAutoReadOrWrite) {
   }
 }
 
+TEST(Config, TcpConnectIsAutoEagerOrLazyAndErrorsNameItsOwnVariable) {
+  auto parse = [](const std::string& value) {
+    const std::map<std::string, std::string> env = {{"RAILSHARD_TCP_CONNECT", value}};
+    return Config::fromEnvironment(&env).links.tcp_connect;
+  };
+  const std::map<std::string, std::string> empty;
+  EXPECT_EQ(Config::fromEnvironment(&empty).links.tcp_connect, LaneConnect::kAuto);
+  EXPECT_EQ(parse("auto"), LaneConnect::kAuto);
+  EXPECT_EQ(parse("eager"), LaneConnect::kEager);
+  EXPECT_EQ(parse("lazy"), LaneConnect::kLazy);
+  try {
+    parse("sometimes");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RAILSHARD_TCP_CONNECT: unknown value 'sometimes'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, LaneConnectIsAutoEagerOrLazy) {
   auto parse = [](const std::string& value) {
     const std::map<std::string, std::string> env = {{"RAILSHARD_IB_CONNECT", value}};
