@@ -82,6 +82,10 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
 
   // Strangers and silent connections are refused and logged as at the data ports.
   const std::string expected_token = options_.token.substr(0, tcp::kMaxToken);
+  // The predecessor itself refused for its job token or world size: it belongs to this job,
+  // configured differently, and will never connect as wanted — said now, not at the deadline
+  // (it may have gone before reading this rank's own hello, which then looks like a reset).
+  std::string predecessor_refused;
   tcp::HelloAcceptor("rank " + std::to_string(rank), "start-up ring connection")
       .run(
           {listener.get()}, deadline, options_.timeout,
@@ -89,12 +93,23 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
             // The successor closing the connection, before its reply, refused this rank's
             // hello (it logs why): say so now rather than wait out the deadline.
             if (nextState() == NextState::kRefused) throw PeerLostError(refusedText(to));
+            if (!predecessor_refused.empty()) {
+              throw PeerLostError("rank " + std::to_string(rank) +
+                                  " refused the connection (a different RAILSHARD_TOKEN or world "
+                                  "size?) of rank " +
+                                  std::to_string(prev_rank_) +
+                                  ", its predecessor in the start-up ring: " + predecessor_refused);
+            }
             return prev_.valid();
           },
           [&](const tcp::ReceivedHello& received, int) {
             // -1: any rank of the group passes checkHello's rank test; the ring wants one.
             std::string reason =
                 tcp::checkHello(received.hello, received.token, expected_token, -1, options_.size);
+            if (!reason.empty() && static_cast<int>(received.hello.rank) == prev_rank_ &&
+                received.hello.magic == tcp::kHelloMagic) {
+              predecessor_refused = reason;
+            }
             if (reason.empty() && static_cast<int>(received.hello.rank) != prev_rank_) {
               reason = "rank " + std::to_string(received.hello.rank) +
                        " is not this rank's predecessor in the ring";
