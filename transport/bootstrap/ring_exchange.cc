@@ -82,9 +82,11 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
 
   // Strangers and silent connections are refused and logged as at the data ports.
   const std::string expected_token = options_.token.substr(0, tcp::kMaxToken);
-  // The predecessor itself refused for its job token or world size: it belongs to this job,
-  // configured differently, and will never connect as wanted — said now, not at the deadline
-  // (it may have gone before reading this rank's own hello, which then looks like a reset).
+  // A hello claiming to be the predecessor, refused for its job token, world size or wire
+  // version. Alone it may be a stranger's (the ring waits on, and its timeout says so); with the
+  // successor gone too it is this job's rank configured differently, which refused this rank in
+  // turn and went before reading its hello (a reset, not a refusal): said now, not at the
+  // deadline.
   std::string predecessor_refused;
   tcp::HelloAcceptor("rank " + std::to_string(rank), "start-up ring connection")
       .run(
@@ -92,8 +94,9 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
           [&] {
             // The successor closing the connection, before its reply, refused this rank's
             // hello (it logs why): say so now rather than wait out the deadline.
-            if (nextState() == NextState::kRefused) throw PeerLostError(refusedText(to));
-            if (!predecessor_refused.empty()) {
+            const NextState state = nextState();
+            if (state == NextState::kRefused) throw PeerLostError(refusedText(to));
+            if (!predecessor_refused.empty() && state == NextState::kGone) {
               throw PeerLostError("rank " + std::to_string(rank) +
                                   " refused the connection (a different RAILSHARD_TOKEN or world "
                                   "size?) of rank " +
@@ -130,7 +133,10 @@ RingExchange::RingExchange(Store& store, const RingOptions& options) : options_(
           },
           [&] {
             return "rank " + std::to_string(prev_rank_) +
-                   " (its predecessor in the start-up ring) did not connect";
+                   " (its predecessor in the start-up ring) did not connect" +
+                   (predecessor_refused.empty() ? std::string()
+                                                : " (a connection claiming to be it was refused: " +
+                                                      predecessor_refused + ")");
           });
   // The successor's reply: it took this rank's hello. Or why not.
   for (NextState state = nextState(); state != NextState::kReplied; state = nextState()) {
