@@ -145,7 +145,7 @@ class TcpStoreServer::Impl {
   // Written by the server thread only, read by stats() from any thread.
   struct Counters {
     std::atomic<uint64_t> sets{0}, gets{0}, adds{0}, waits{0}, removes{0}, keys_waited{0},
-        bytes_in{0}, bytes_out{0}, connections{0};
+        bytes_in{0}, bytes_out{0}, connections{0}, cpu_ns{0};
   };
   Counters counters_;
 

@@ -151,6 +151,7 @@ StoreStats TcpStoreServer::Impl::stats() const {
   s.bytes_in = read(counters_.bytes_in);
   s.bytes_out = read(counters_.bytes_out);
   s.connections = read(counters_.connections);
+  s.cpu_ns = read(counters_.cpu_ns);
   return s;
 }
 

@@ -332,6 +332,28 @@ TEST(TcpStore, AddFromEightConcurrentClientsSumsExactly) {
   EXPECT_EQ(*all.rbegin(), kClients * kAddsEach);
 }
 
+// The server's own CPU time, the store's service time at scale: something (every request is a
+// read and a write on a socket), but never more than the time the server has existed.
+TEST(TcpStoreServer, CountsItsThreadsCpuTimeWithinItsLifetime) {
+  const auto born = std::chrono::steady_clock::now();
+  auto server = startServer();
+  EXPECT_EQ(server->stats().requests(), 0u);
+  const auto errors = test::runRanks(4, [&](int rank) {
+    TcpStore store(hostPort(*server), kToken, 5s);
+    for (int i = 0; i < 250; ++i) store.add("n" + std::to_string(rank), 1, 5s);
+  });
+  test::rethrowFirst(errors);
+  const StoreStats stats = server->stats();
+  const auto lived = std::chrono::steady_clock::now() - born;
+  EXPECT_EQ(stats.adds, 1000u) << stats.describe();
+  EXPECT_GT(stats.cpu_ns, 0u) << stats.describe();
+  EXPECT_LE(stats.cpu_ns, static_cast<uint64_t>(
+                              std::chrono::duration_cast<std::chrono::nanoseconds>(lived).count()))
+      << stats.describe();
+  EXPECT_NE(stats.describe().find(" s of CPU ("), std::string::npos) << stats.describe();
+  EXPECT_NE(stats.describe().find(" µs per request)"), std::string::npos) << stats.describe();
+}
+
 TEST(TcpStore, OneClientSharedByThreads) {
   auto server = startServer();
   TcpStore store(hostPort(*server), kToken, 5s);
