@@ -18,10 +18,6 @@ namespace railshard {
 
 namespace {
 
-// How often a rank's position (the collective it is in) reaches the store; a timeout's
-// diagnosis is as fresh as this.
-constexpr auto kPublishPeriod = std::chrono::milliseconds(200);
-
 // The value of `key` if it is set, without waiting.
 std::optional<std::string> peek(Store& store, const std::string& key) {
   try {
@@ -60,7 +56,10 @@ void Diagnostics::start(Store& store) {
   if (membership_.store() && membership_.size() > 1) {
     publisher_ = std::make_unique<ProgressPublisher>(
         membership_.store(),
-        membership_.keyPrefix() + "/entered/" + std::to_string(membership_.rank()), kPublishPeriod);
+        membership_.keyPrefix() + "/entered/" + std::to_string(membership_.rank()),
+        // A timeout's diagnosis is as fresh as this (seconds at thousands of ranks, against
+        // a timeout of tens of seconds).
+        publishPeriodFor(membership_.size()));
   }
 }
 

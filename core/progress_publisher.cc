@@ -1,5 +1,7 @@
 #include "core/progress_publisher.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "base/logging.h"
 
@@ -12,6 +14,14 @@ namespace {
 constexpr auto kStoreCallTimeout = std::chrono::seconds(2);
 
 }  // namespace
+
+Duration publishPeriodFor(int ranks) {
+  constexpr Duration kFastest = std::chrono::milliseconds(200);
+  constexpr int kStoreRecordsPerSecond = 2000;
+  const Duration spread =
+      std::chrono::microseconds(1000000LL * std::max(ranks, 1) / kStoreRecordsPerSecond);
+  return std::max(kFastest, spread);
+}
 
 ProgressPublisher::ProgressPublisher(std::shared_ptr<Store> store, std::string key, Duration period)
     : store_(std::move(store)), key_(std::move(key)), period_(period) {

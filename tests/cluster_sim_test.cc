@@ -47,28 +47,55 @@ TEST(ClusterSim, RingOnIdleHostsIsTwoNMinusOneSteps) {
 }
 
 TEST(ClusterSim, RanksThatOutnumberTheCoresQueueForThem) {
-  // One host of 4 ranks, shared memory: copy in (4000 B at 4000 B/us), meet (1 us), reduce
-  // 4 x 4000 B (8 us), meet. On 4 cores the ranks overlap; on 1 core their work runs one
-  // after another (4 x 1 us before the first meeting, 4 x 8 us before the second).
+  // One host of 4 ranks, shared memory: copy in (4000 B at 4000 B/us), meet, reduce 4 x 4000 B
+  // (8 us). On 4 cores the ranks overlap: the first three find a later rank's flag not yet
+  // posted and sleep, woken a hand-off (1 us) after it is. On 1 core their work runs one after
+  // another (4 x 1 us of copies, 4 x 8 us of reductions) and the hand-offs hide under it.
   ClusterModel m = hostsOf(1, 4);
-  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 1 + 1 + 8 + 1, 1e-9);
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 1 + 1 + 8, 1e-9);
   m.cores = 1;
-  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 1 + 4 * 8 + 1, 1e-9);
-  // A wake-up costs CPU too: three of the four slept at each meeting.
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 4 * 8, 1e-9);
+  // A wake-up costs CPU too: three of the four slept.
   m.wake_cpu_us = 0.5;
-  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 1 + 3 * 0.5 + 4 * 8 + 1 + 3 * 0.5, 1e-9);
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 4 * 8 + 3 * 0.5, 1e-9);
   // And more where more ranks share each core: 4 ranks per core here, 0.25 us each.
   m.wake_per_crowding_us = 0.25;
-  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 1 + 3 * 1.5 + 4 * 8 + 1 + 3 * 1.5, 1e-9);
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 4 * 1 + 4 * 8 + 3 * 1.5, 1e-9);
+  // Looking at another rank's flag costs CPU as well, and reading its slot again (4000 bytes
+  // do not travel in the flag's cache line): 0.1 us each for the 3 peers, after the slowest
+  // rank's wake-up (4 cores again, free wake-ups). 8 bytes do, and skip the slots.
+  m = hostsOf(1, 4);
+  m.shm_peer_us = 0.1;
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 4000), 1 + 1 + 3 * 0.1 + 3 * 0.1 + 8, 1e-9);
+  EXPECT_NEAR(run(m, Algorithm::kShmDirect, 8), 8 / 4000.0 + 1 + 3 * 0.1 + 4 * 8 / 2000.0, 1e-9);
+}
+
+TEST(ClusterSim, AWaitPollsYieldingTheCoreUntilItsSpinBudgetThenSleeps) {
+  // Two ranks on one core meet; rank 1 first computes 10 us. Asleep, rank 0 is woken a
+  // hand-off (0.25 us) after rank 1 posts at 11 (its first look, a 1 us poll, came first).
+  ClusterModel m = hostsOf(1, 2);
+  m.cores = 1;
+  m.shm = {0.25, 4.0};
+  const auto layout = m.layout();
+  const std::vector<Program> programs{
+      {{OpKind::kHostSync, -1, 0, 0}},
+      {{OpKind::kCompute, -1, 0, 10}, {OpKind::kHostSync, -1, 0, 0}}};
+  m.yield_us = 1;
+  m.spin_us = 0.5;
+  EXPECT_NEAR(simulate(m, layout, programs).micros, 1 + 10 + 0.25, 1e-9);
+  // Polling on past the post: its next turn on the core comes after rank 1's computation.
+  m.spin_us = 100;
+  EXPECT_NEAR(simulate(m, layout, programs).micros, 1 + 10 + 1, 1e-9);
 }
 
 TEST(ClusterSim, AHostsNicSendsOneMessageAtATime) {
   // 2 hosts x 4 ranks, the direct variant: after the host sums, the 4 ranks of a host each
-  // send the whole 4000 bytes across at once, one after another through the NIC (4 us each):
-  // the last arrives 10 + 4 x 4 us after they start. The leader variant sends one.
+  // send the whole 4000 bytes across, one after another through the NIC (4 us each). The
+  // host's last rank to post waited for nobody: its sum is done a hand-off sooner (9 us) and
+  // goes first; the last message arrives 10 us after 9 + 4 x 4. The leader variant sends one.
   ClusterModel m = hostsOf(2, 4);
-  const double host_sum = 1 + 1 + 8 + 1;  // as above, a core per rank
-  EXPECT_NEAR(run(m, Algorithm::kTwoLevelDirect, 4000), host_sum + 10 + 4 * 4 + 2, 1e-9);
+  EXPECT_NEAR(run(m, Algorithm::kTwoLevelDirect, 4000), 9 + 4 * 4 + 10 + 2, 1e-9);
+  const double host_sum = 1 + 1 + 8;   // as above, a core per rank, for the leader
   const double broadcast = 1 + 1 + 1;  // the leader copies in, meet, everyone copies out
   EXPECT_NEAR(run(m, Algorithm::kTwoLevelLeader, 4000), host_sum + 10 + 4 + 2 + broadcast, 1e-9);
 }

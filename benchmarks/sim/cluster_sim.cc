@@ -8,7 +8,9 @@
 //   cluster_sim --hosts H --ranks-per-host L [--cores C] [--cores-shared] [--sizes 8,1K,1M]
 //               [--network-us A --network-gbps B] [--shm-us A --shm-gbps B]
 //               [--loopback-us A --loopback-gbps B] [--reduce-gbps R] [--message-cpu-us M]
-//               [--wake-cpu-us W] [--wake-per-crowding-us X] [--store-requests-per-rank C]
+//               [--wake-cpu-us W] [--wake-per-crowding-us X] [--shm-peer-us P] [--call-cpu-us C]
+//               [--yield-us Y] [--spin-us S] [--cache-kb K --reduce-far-gbps F]
+//               [--store-requests-per-rank C]
 //               [--store-us S]
 //               [--store-trip-us T] [--ring-allgathers K] [--sockets-per-peer S]
 //               [--algorithms all|auto] [--dispatch-steps K]
@@ -27,6 +29,7 @@
 #include "benchmarks/sim/sim_model.h"
 #include "benchmarks/sim/sim_startup.h"
 #include "core/dispatch/dispatcher.h"
+#include "core/progress_publisher.h"
 
 namespace railshard::sim {
 namespace {
@@ -97,6 +100,18 @@ Options parse(int argc, char** argv) {
       o.model.wake_cpu_us = number(k, v);
     else if (k == "--wake-per-crowding-us")
       o.model.wake_per_crowding_us = number(k, v);
+    else if (k == "--shm-peer-us")
+      o.model.shm_peer_us = number(k, v);
+    else if (k == "--call-cpu-us")
+      o.model.call_cpu_us = number(k, v);
+    else if (k == "--cache-kb")
+      o.model.cache_bytes = static_cast<size_t>(number(k, v) * 1024);
+    else if (k == "--reduce-far-gbps")
+      o.model.reduce_far_gbps = number(k, v) / 8;
+    else if (k == "--yield-us")
+      o.model.yield_us = number(k, v);
+    else if (k == "--spin-us")
+      o.model.spin_us = number(k, v);
     else if (k == "--store-requests-per-rank")
       o.startup.store_requests_per_rank = number(k, v);
     else if (k == "--store-us")
@@ -220,6 +235,10 @@ int run(const Options& o) {
       "start-up: %.0f store requests (%.1f per rank), store %.3f s, ring all-gathers "
       "%.3f s\n",
       s.store_requests, o.startup.store_requests_per_rank, s.store_us / 1e6, s.ring_us / 1e6);
+  // While the job runs: the progress records (core/progress_publisher.h decides how often).
+  const double records = n / std::chrono::duration<double>(publishPeriodFor(n)).count();
+  std::printf("while running: %.0f progress records a second at the store (%.0f%% of its core)\n",
+              records, records * o.startup.store_service_us / 1e4);
   size_t most_first = 0;
   for (const auto& peers : first_use) most_first = std::max(most_first, peers.size());
   const int full_mesh = (n - layout.maxLocal()) * o.sockets_per_peer;

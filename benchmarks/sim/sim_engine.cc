@@ -83,7 +83,10 @@ class Engine {
         slept_(programs.size(), false),
         waiting_for_(programs.size(), -1),
         peers_(programs.size()),
-        syncs_(layout.hosts.size()) {
+        posts_(programs.size(), 0),
+        cursor_(programs.size(), -1),
+        wait_since_(programs.size(), -1.0),
+        watchers_(programs.size()) {
     const size_t hosts = layout.hosts.size();
     auto cores_of = [&](size_t h) {
       return model.cores > 0 ? static_cast<size_t>(model.cores) : layout.hosts[h].size();
@@ -161,6 +164,7 @@ class Engine {
           break;
         case OpKind::kRecv: {
           auto& box = mail_[{op.peer, rank}];
+          if ((box.empty() || box.front() > t) && yieldPoll(rank, t)) return;
           if (box.empty()) {
             waiting_for_[r] = op.peer;
             slept_[r] = true;
@@ -175,34 +179,68 @@ class Engine {
             return;
           }
           box.pop_front();
+          wait_since_[r] = -1;
           // Its progress thread was woken to take the message in, whether or not the rank
           // itself slept.
           t = cpu(rank).use(t, model_.message_cpu_us + wake_us_);
           break;
         }
         case OpKind::kHostSync: {
-          const auto host = static_cast<size_t>(hostOf(rank));
-          auto& sync = syncs_[host];
-          sync.arrived.push_back(rank);
-          sync.latest = std::max(sync.latest, t);
-          ++pc_[r];
-          clock_[r] = t;
-          if (sync.arrived.size() < layout_.hosts[host].size()) {
-            slept_[r] = true;
-            return;
+          // ShmEngine's meeting: post this rank's flag, then look at every rank's of the host
+          // in rank order, sleeping on the first that has not posted until it does. With
+          // ranks crowding the cores that order decides how often a rank sleeps and is woken:
+          // what makes a one-host step grow faster than the ranks do.
+          if (cursor_[r] < 0) {
+            ++posts_[r];
+            cursor_[r] = 0;
+            wakeWaitersOn(rank, t);
           }
-          const double release = sync.latest + model_.shm.alpha_us;
-          for (int other : sync.arrived) {
-            if (other != rank) slept_[static_cast<size_t>(other)] = true;
-            schedule(release, other);
+          const auto& members = layout_.hosts[static_cast<size_t>(hostOf(rank))];
+          while (cursor_[r] < static_cast<int>(members.size())) {
+            const int peer = members[static_cast<size_t>(cursor_[r])];
+            if (posts_[static_cast<size_t>(peer)] < posts_[r]) {
+              if (yieldPoll(rank, t)) return;
+              watchers_[static_cast<size_t>(peer)].push_back(rank);
+              slept_[r] = true;
+              clock_[r] = t;
+              return;
+            }
+            wait_since_[r] = -1;
+            ++cursor_[r];
+            if (peer != rank && model_.shm_peer_us > 0) {
+              t = cpu(rank).use(t, model_.shm_peer_us);
+              if (t > now && cursor_[r] < static_cast<int>(members.size())) {
+                clock_[r] = t;
+                schedule(t, rank);
+                return;
+              }
+            }
           }
-          sync = Sync{};
-          return;
+          cursor_[r] = -1;
+          break;
         }
       }
       ++pc_[r];
     }
     clock_[r] = t;
+  }
+
+  // A wait that cannot end at `t`: polling that yields the core (what the wait policy does
+  // with more ranks than cores) while the spin budget lasts; false once it is spent (sleep).
+  bool yieldPoll(int rank, double t) {
+    const auto r = static_cast<size_t>(rank);
+    if (wait_since_[r] < 0) wait_since_[r] = t;
+    if (model_.yield_us <= 0 || t - wait_since_[r] >= model_.spin_us) return false;
+    clock_[r] = cpu(rank).use(t, model_.yield_us);
+    schedule(clock_[r], rank);
+    return true;
+  }
+
+  // `poster` posted at `t`: the ranks asleep on its flag wake a hand-off later.
+  void wakeWaitersOn(int poster, double t) {
+    auto& watchers = watchers_[static_cast<size_t>(poster)];
+    for (int w : watchers) schedule(t + model_.shm.alpha_us, w);
+    watchers.clear();
   }
 
   void deliver(int from, int to, double bytes, double sent) {
@@ -226,11 +264,6 @@ class Engine {
     }
   }
 
-  struct Sync {
-    std::vector<int> arrived;
-    double latest = 0;
-  };
-
   const ClusterModel& model_;
   const collectives::HostLayout& layout_;
   const std::vector<Program>& programs_;
@@ -239,7 +272,10 @@ class Engine {
   std::vector<bool> slept_;
   std::vector<int> waiting_for_;
   std::vector<std::set<int>> peers_;
-  std::vector<Sync> syncs_;
+  std::vector<uint64_t> posts_;             // meetings each rank has posted
+  std::vector<int> cursor_;                 // the host rank it looks at next; -1 outside one
+  std::vector<double> wait_since_;          // when its present wait began; -1: not waiting
+  std::vector<std::vector<int>> watchers_;  // asleep on each rank's flag
   std::vector<Pool> cpus_;
   std::vector<Pool> tx_;
   std::vector<Pool> rx_;

@@ -21,6 +21,10 @@ struct ClusterModel {
   collectives::LinkModel loopback = collectives::tcpModel();  // TCP between ranks of a host
   collectives::LinkModel shm = collectives::shmModel();       // hand-off and copy rate
   double reduce_gbps = 2.0;
+  // A reduction whose operands outgrow a core's own cache (L2) streams them from further away,
+  // at `reduce_far_gbps` (0: the same rate): what a direct sum of many ranks' buffers meets.
+  size_t cache_bytes = 0;
+  double reduce_far_gbps = 0;
   // CPU time of one message at each end (system calls, the progress thread's turn), and of
   // waking a rank that slept in a wait: what queues for the cores when ranks outnumber them.
   double message_cpu_us = 0;
@@ -28,6 +32,17 @@ struct ClusterModel {
   // More per wake-up for every rank per core of the machine: a process woken among many comes
   // back to caches the others have taken (fitted here: docs/simulator.md).
   double wake_per_crowding_us = 0;
+  // CPU time to look at another rank's flag in a shared-memory meeting (its cache line comes
+  // from the core that wrote it), once per rank of the host at every meeting.
+  double shm_peer_us = 0;
+  // CPU time of a collective call itself on each rank (the communicator's entry, planning,
+  // the caller's loop): what every rank needs a core for once per call, sleeping or not.
+  double call_cpu_us = 0;
+  // A shared-memory wait polls yielding the core, each poll costing `yield_us` of it (a
+  // system call and a switch), for up to `spin_us` (RAILSHARD_SPIN_US), then sleeps until
+  // the flag is set (woken a hand-off later, at the cost of a wake-up). 0: sleeps at once.
+  double yield_us = 0;
+  double spin_us = 2000;
   size_t shm_slot_bytes = size_t{1} << 20;
 
   int worldSize() const;
@@ -36,7 +51,7 @@ struct ClusterModel {
 
 // One step of a rank's part in a collective. Sends do not wait for their receiver (isend);
 // a receive waits for the message from `peer` (matched in order, as the transports do); a
-// host sync waits for every rank of the host (a shared-memory hand-off).
+// host sync is a shared-memory meeting: post, then wait for every rank of the host in turn.
 enum class OpKind { kSend, kRecv, kCompute, kHostSync };
 struct Op {
   OpKind kind = OpKind::kCompute;

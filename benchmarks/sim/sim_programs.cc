@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "benchmarks/sim/sim_model.h"
 #include "core/collectives/two_level.h"
+#include "transport/links/shm/shm_segment.h"
 
 namespace railshard::sim {
 
@@ -23,7 +24,9 @@ class Builder {
       : model_(model),
         layout_(layout),
         bytes_(static_cast<double>(bytes)),
-        programs_(static_cast<size_t>(layout.worldSize())) {}
+        programs_(static_cast<size_t>(layout.worldSize())) {
+    for (int r = 0; r < layout.worldSize(); ++r) compute(r, model.call_cpu_us);
+  }
 
   std::vector<Program> take() { return std::move(programs_); }
   double bytes() const { return bytes_; }
@@ -34,11 +37,18 @@ class Builder {
   void recv(int rank, int peer, double bytes) {
     at(rank).push_back({OpKind::kRecv, peer, bytes, 0});
   }
-  void reduce(int rank, double bytes) { compute(rank, transferUs(bytes, model_.reduce_gbps)); }
+  void reduce(int rank, double bytes) {
+    const bool far = model_.cache_bytes > 0 && model_.reduce_far_gbps > 0 &&
+                     bytes > static_cast<double>(model_.cache_bytes);
+    compute(rank, transferUs(bytes, far ? model_.reduce_far_gbps : model_.reduce_gbps));
+  }
   void copy(int rank, double bytes) { compute(rank, transferUs(bytes, model_.shm.beta_gbps)); }
   void compute(int rank, double us) {
     if (us > 0) at(rank).push_back({OpKind::kCompute, -1, 0, us});
   }
+  // Reads of `blocks` pieces another rank wrote in shared memory: each starts with a cache
+  // line from another core (the flags of a meeting are charged by the engine).
+  void touch(int rank, double blocks) { compute(rank, blocks * model_.shm_peer_us); }
   void hostSync(int rank) { at(rank).push_back({OpKind::kHostSync, -1, 0, 0}); }
 
   // recursiveDoublingAllreduce over `members` (core/collectives/recursive_doubling.cc): the
@@ -96,14 +106,18 @@ class Builder {
     }
   }
 
-  // ShmEngine::allreduceDirect on one host: copy in, meet, read and reduce all L inputs, meet
-  // (the slots are free again).
+  // ShmEngine::allreduceDirect on one host: copy in, meet, read and reduce all L inputs. One
+  // meeting: the slots alternate between steps, and the next step's meeting proves this
+  // step's reads are over.
   void hostSumDirect(const std::vector<int>& host) {
     const double l = static_cast<double>(host.size());
+    // Up to 24 bytes travel in the flag's own cache line; more are read from the peers' slots.
+    const double slots =
+        bytes_ > static_cast<double>(transport::links::shm::kInlineBytes) ? l - 1 : 0;
     for (int r : host) copy(r, bytes_);
     for (int r : host) hostSync(r);
+    for (int r : host) touch(r, slots);
     for (int r : host) reduce(r, bytes_ * l);
-    for (int r : host) hostSync(r);
   }
 
  private:
@@ -135,12 +149,21 @@ std::vector<Program> allreducePrograms(Algorithm algorithm, const ClusterModel& 
       break;
     case Algorithm::kShmReduceScatterGather: {
       // Segment per rank: copy in, meet, reduce one segment of every rank's, meet, copy out.
+      // Segments of a few elements: the ranks past the element count have none to reduce,
+      // and every non-empty segment is a piece read from another rank's slot.
       const double n = static_cast<double>(everyone.size());
+      const double segments = std::min(n, std::max(1.0, size / 4));
       for (int r : everyone) b.copy(r, size);
       for (int r : everyone) b.hostSync(r);
-      for (int r : everyone) b.reduce(r, size);  // n operands of size / n
+      for (int r : everyone) {
+        if (r < segments) b.touch(r, n - 1);
+        b.reduce(r, size);  // n operands of size / n
+      }
       for (int r : everyone) b.hostSync(r);
-      for (int r : everyone) b.copy(r, size * (n - 1) / n);
+      for (int r : everyone) {
+        b.touch(r, segments - (r < segments ? 1 : 0));
+        b.copy(r, size * (n - 1) / n);
+      }
       break;
     }
     case Algorithm::kTwoLevelDirect:
