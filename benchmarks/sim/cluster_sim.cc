@@ -12,7 +12,8 @@
 //               [--yield-us Y] [--spin-us S] [--cache-kb K --reduce-far-gbps F]
 //               [--store-requests-per-rank C]
 //               [--store-us S]
-//               [--store-trip-us T] [--ring-allgathers K] [--sockets-per-peer S]
+//               [--store-trip-us T] [--store-gbps G] [--ring-allgathers K]
+//               [--sockets-per-peer S]
 //               [--algorithms all|auto] [--dispatch-steps K]
 #include <algorithm>
 #include <chrono>
@@ -118,6 +119,8 @@ Options parse(int argc, char** argv) {
       o.startup.store_service_us = number(k, v);
     else if (k == "--store-trip-us")
       o.startup.store_round_trip_us = number(k, v);
+    else if (k == "--store-gbps")
+      o.startup.store_gbps = number(k, v);
     else if (k == "--ring-allgathers")
       o.startup.ring_allgathers = static_cast<int>(number(k, v));
     else if (k == "--sockets-per-peer")
@@ -235,6 +238,9 @@ int run(const Options& o) {
       "start-up: %.0f store requests (%.1f per rank), store %.3f s, ring all-gathers "
       "%.3f s\n",
       s.store_requests, o.startup.store_requests_per_rank, s.store_us / 1e6, s.ring_us / 1e6);
+  std::printf(
+      "start-up: the cluster graph's copies, %.3g GB out of the store (%.3f s at %.0f Gbit/s)\n",
+      s.store_bytes_out / 1e9, s.store_send_us / 1e6, o.startup.store_gbps);
   // While the job runs: the progress records (core/progress_publisher.h decides how often).
   const double records = n / std::chrono::duration<double>(publishPeriodFor(n)).count();
   std::printf("while running: %.0f progress records a second at the store (%.0f%% of its core)\n",

@@ -30,6 +30,10 @@ StartupResult simulateStartup(const ClusterModel& model, const collectives::Host
     result.store_us = std::max(result.store_us, answered);
     if (--left[static_cast<size_t>(rank)] > 0) arrivals.push({answered + half_trip, rank});
   }
+  const double graph =
+      startup.graph_bytes_per_rank * n + startup.graph_bytes_per_host * layout.hostCount();
+  result.store_bytes_out = graph * startup.graph_reads * n;
+  result.store_send_us = result.store_bytes_out / (startup.store_gbps / 8 * 1e3);
   // A hop crosses hosts where the ring's neighbours are on different hosts: ranks are
   // numbered host by host, so H of the N hops.
   const double hosts = layout.hostCount();
