@@ -12,7 +12,7 @@
 //               [--yield-us Y] [--spin-us S] [--cache-kb K --reduce-far-gbps F]
 //               [--store-requests-per-rank C]
 //               [--store-us S]
-//               [--store-trip-us T] [--store-gbps G] [--ring-allgathers K]
+//               [--store-trip-us T] [--store-gbps G] [--graph-reads R] [--ring-allgathers K]
 //               [--sockets-per-peer S]
 //               [--algorithms all|auto] [--dispatch-steps K]
 #include <algorithm>
@@ -119,6 +119,8 @@ Options parse(int argc, char** argv) {
       o.startup.store_service_us = number(k, v);
     else if (k == "--store-trip-us")
       o.startup.store_round_trip_us = number(k, v);
+    else if (k == "--graph-reads")
+      o.startup.graph_reads = static_cast<int>(number(k, v));
     else if (k == "--store-gbps")
       o.startup.store_gbps = number(k, v);
     else if (k == "--ring-allgathers")
