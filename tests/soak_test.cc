@@ -8,6 +8,7 @@
 // run takes a third of it. RAILSHARD_SOAK_SEED replays a given seed (each run prints its own).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <regex>
@@ -111,6 +112,11 @@ void runSoak(const std::string& transport, double seconds, double min_rate) {
   ASSERT_EQ(reports.size(), static_cast<size_t>(kRanks)) << r.out << r.err;
   const double min_iterations = min_rate * seconds;
   uint64_t iterations = reports[0].iterations;
+  // The ranks stop together once the first of them is out of time: that one ran the whole
+  // time; one whose clock started later may be a little short of it. Reports say 0.1 s.
+  double longest = 0;
+  for (const auto& report : reports) longest = std::max(longest, report.seconds);
+  EXPECT_GE(longest, seconds - 0.05) << r.out;
   for (const auto& report : reports) {
     SCOPED_TRACE("rank " + std::to_string(report.rank));
     EXPECT_EQ(report.size, kRanks);
@@ -119,7 +125,7 @@ void runSoak(const std::string& transport, double seconds, double min_rate) {
     // All ranks stop together (they agree on it), so all ran the same collectives.
     EXPECT_EQ(report.iterations, iterations);
     EXPECT_GE(static_cast<double>(report.iterations), min_iterations);
-    EXPECT_GE(report.seconds, seconds);
+    EXPECT_GE(report.seconds, 0.9 * seconds);
     EXPECT_GT(report.bytes, 0u);
     // Every connection, shared-memory segment and eventfd is made at start-up; a collective
     // that opens one must close it, and nothing may close under a running job either (the
