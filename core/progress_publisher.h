@@ -15,17 +15,17 @@
 
 namespace railshard {
 
-// Tells the store which collective this rank is in, so that a rank that times out can say
-// who never arrived ("rank 3 never entered allreduce #1042"). The collective path only stores
-// two atomics; a background thread writes the latest value a few times a second when it
-// changed, so a fast training loop pays nothing per call. The same thread writes the "lost"
-// marks this rank raises, off the error path.
 // How often each of `ranks` ranks publishes its position: every 200 ms up to 400 ranks, then
 // less often as the ranks grow, so that the store (one server) gets at most 2,000 of these a
 // second at any N. Measured, each costs the store ~60 µs of its CPU (256 ranks on namespaced
 // hosts, docs/scaling.md): at 200 ms, 4,096 ranks would have wanted 1.2 of its cores.
 Duration publishPeriodFor(int ranks);
 
+// Tells the store which collective this rank is in, so that a rank that times out can say
+// who never arrived ("rank 3 never entered allreduce #1042"). The collective path only stores
+// two atomics; a background thread writes the latest value a few times a second when it
+// changed, so a fast training loop pays nothing per call. The same thread writes the "lost"
+// marks this rank raises, off the error path.
 class ProgressPublisher {
  public:
   // Publishes under `key` ("<sequence> <collective>") every `period` while it changes.
