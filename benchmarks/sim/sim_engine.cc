@@ -187,9 +187,9 @@ class Engine {
         }
         case OpKind::kHostSync: {
           // ShmEngine's meeting: post this rank's flag, then look at every rank's of the host
-          // in rank order, sleeping on the first that has not posted until it does. With
-          // ranks crowding the cores that order decides how often a rank sleeps and is woken:
-          // what makes a one-host step grow faster than the ranks do.
+          // in rank order, waiting on the first that has not posted (polling, then asleep)
+          // until it does. With ranks crowding the cores that order decides how often a rank
+          // polls, sleeps and is woken: what makes a one-host step grow faster than the ranks do.
           if (cursor_[r] < 0) {
             ++posts_[r];
             cursor_[r] = 0;
